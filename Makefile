@@ -1,0 +1,47 @@
+# gpufleet — every target installs what it needs first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install up test test-unit test-integration bench lint fmt lock clean
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip uv
+	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
+	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+up: install
+	$(BIN)/gpufleet up
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: install
+	$(BIN)/python -m pytest -q tests/integration
+
+bench: install
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pyright
+	$(BIN)/lint-imports
+
+fmt: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+lock: install
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
