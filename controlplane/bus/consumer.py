@@ -1,0 +1,178 @@
+"""Durable consumer of observed state and facts from every cluster.
+
+Each valid message is handed to an ``ObservedStateSink`` and acked only after the sink
+returned, so nothing is lost while the control plane restarts or the sink fails (the
+message is redelivered). Malformed, wrong-version or misaddressed messages are
+terminated (never redelivered), counted and logged; they never stop the consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client import Counter
+
+from controlplane.contracts import (
+    REPORTS_STREAM,
+    SUBJECT_PREFIX,
+    Fact,
+    ObservedState,
+    RejectedMessageError,
+    cluster_from_subject,
+    decode_report,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+DURABLE_NAME = "gpufleet-controlplane"
+
+REJECTED = Counter(
+    "gpufleet_bus_rejected_messages_total",
+    "Messages from workload planes the control plane rejected, by reason",
+    ["reason"],
+)
+RECEIVED = Counter(
+    "gpufleet_bus_received_messages_total",
+    "Messages from workload planes the control plane accepted, by type",
+    ["type"],
+)
+SINK_FAILURES = Counter(
+    "gpufleet_bus_sink_failures_total",
+    "Accepted messages the sink failed to record (they are redelivered)",
+)
+
+
+class ObservedStateSink(Protocol):
+    """Where accepted reports go. Both methods may be called again with the same message
+    (redelivery after a crash before the ack): they must be idempotent on ``message.id``.
+    Raising makes the consumer redeliver the message later."""
+
+    async def record_observed(
+        self, cluster: str, state: ObservedState, received_at: datetime
+    ) -> None: ...
+
+    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None: ...
+
+
+@dataclass
+class InMemorySink:
+    """An ObservedStateSink keeping everything in lists (tests, development)."""
+
+    observed: list[tuple[str, ObservedState]] = field(default_factory=list)
+    facts: list[tuple[str, Fact]] = field(default_factory=list)
+    last_heartbeat: dict[str, datetime] = field(default_factory=dict)
+    seen_ids: set[str] = field(default_factory=set)
+
+    async def record_observed(
+        self, cluster: str, state: ObservedState, received_at: datetime
+    ) -> None:
+        self.last_heartbeat[cluster] = received_at
+        if str(state.id) not in self.seen_ids:
+            self.seen_ids.add(str(state.id))
+            self.observed.append((cluster, state))
+
+    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None:
+        if str(fact.id) not in self.seen_ids:
+            self.seen_ids.add(str(fact.id))
+            self.facts.append((cluster, fact))
+
+
+def _reject(subject: str, reason: str, detail: str) -> None:
+    REJECTED.labels(reason=reason).inc()
+    log.warning("rejected message on %s (%s): %s", subject, reason, detail)
+
+
+class ReportConsumer:
+    """Binds (creating it if needed) the durable consumer and feeds the sink.
+
+    Several control-plane processes may run one each: they share the durable through a
+    deliver group, so each message goes to one of them.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        sink: ObservedStateSink,
+        *,
+        durable: str = DURABLE_NAME,
+        clock: Callable[[], datetime] = utcnow,
+        max_ack_pending: int = 1024,
+        ack_wait_s: float = 30.0,
+        redeliver_delay_s: float = 1.0,
+    ) -> None:
+        self._js = js
+        self._sink = sink
+        self._durable = durable
+        self._clock = clock
+        self._max_ack_pending = max_ack_pending
+        self._ack_wait_s = ack_wait_s
+        self._redeliver_delay_s = redeliver_delay_s
+        self._sub: JetStreamContext.PushSubscription | None = None
+
+    async def start(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self._durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            max_ack_pending=self._max_ack_pending,
+            ack_wait=self._ack_wait_s,
+        )
+        self._sub = await self._js.subscribe(
+            f"{SUBJECT_PREFIX}.cluster.>",
+            queue=self._durable,
+            stream=REPORTS_STREAM,
+            cb=self.handle,
+            manual_ack=True,
+            config=config,
+        )
+
+    async def stop(self) -> None:
+        """Stop receiving; the durable consumer stays on the server and keeps our place."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def handle(self, msg: Msg) -> None:
+        """Validate one message, record it, ack it. Never raises."""
+        try:
+            await self._handle(msg)
+        except Exception:  # a bug here must not kill the subscription
+            log.exception("unexpected error handling %s; will be redelivered", msg.subject)
+
+    async def _handle(self, msg: Msg) -> None:
+        cluster = cluster_from_subject(msg.subject)
+        try:
+            if cluster is None:
+                raise RejectedMessageError("subject", f"unexpected subject {msg.subject}")
+            report = decode_report(msg.data)
+            if report.cluster != cluster or report.source != f"cluster/{cluster}":
+                raise RejectedMessageError(
+                    "cluster_mismatch",
+                    f"message says cluster={report.cluster} source={report.source} "
+                    f"but arrived on {msg.subject}",
+                )
+        except RejectedMessageError as exc:
+            _reject(msg.subject, exc.reason, exc.detail)
+            await msg.term()
+            return
+        received_at = self._clock()
+        try:
+            if isinstance(report, ObservedState):
+                await self._sink.record_observed(cluster, report, received_at)
+            else:
+                await self._sink.record_fact(cluster, report, received_at)
+        except Exception:
+            SINK_FAILURES.inc()
+            log.exception("sink failed on %s %s; redelivering", report.type, report.id)
+            await msg.nak(delay=self._redeliver_delay_s)
+            return
+        RECEIVED.labels(type=report.type).inc()
+        await msg.ack()

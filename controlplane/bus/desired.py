@@ -1,0 +1,72 @@
+"""Publish a cluster's DesiredState snapshot into the KV bucket.
+
+Generations only move forward: the write is a compare-and-set on the key's KV revision,
+and a snapshot whose generation is not above the stored one is refused, so a slow or
+restarted publisher can never overwrite a newer snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from controlplane.contracts import DesiredState, decode_desired, desired_key, encode
+
+log = logging.getLogger(__name__)
+
+MAX_CAS_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """``published``: written; ``stale``: the stored generation is already >= ours."""
+
+    outcome: Literal["published", "stale"]
+    stored_generation: int
+    kv_revision: int
+
+
+async def current_desired(kv: KeyValue, cluster: str) -> tuple[DesiredState | None, int]:
+    """The stored snapshot and its KV revision (0 if the key does not exist)."""
+    try:
+        entry = await kv.get(desired_key(cluster))
+    except KeyNotFoundError:
+        return None, 0
+    if entry.value is None:
+        return None, entry.revision or 0
+    return decode_desired(entry.value), entry.revision or 0
+
+
+async def publish_desired(kv: KeyValue, state: DesiredState) -> PublishResult:
+    """Store ``state`` as its cluster's snapshot unless a newer-or-equal generation is there.
+
+    Re-publishing the same generation is a no-op (``stale``), which makes "re-publish every
+    snapshot on start" harmless.
+    """
+    key = desired_key(state.cluster)
+    payload = encode(state)
+    for _ in range(MAX_CAS_ATTEMPTS):
+        try:
+            stored, revision = await current_desired(kv, state.cluster)
+        except ValueError:
+            # An unreadable stored value must not block the newest snapshot forever.
+            log.warning("desired state for %s unreadable; overwriting", state.cluster)
+            stored, revision = None, (await kv.get(key)).revision or 0
+        if stored is not None and stored.generation >= state.generation:
+            return PublishResult("stale", stored.generation, revision)
+        try:
+            if revision == 0:
+                new_revision = await kv.create(key, payload)
+            else:
+                new_revision = await kv.update(key, payload, last=revision)
+        except KeyWrongLastSequenceError:
+            continue  # someone wrote in between: re-read and compare again
+        return PublishResult("published", state.generation, new_revision)
+    raise RuntimeError(
+        f"could not publish desired state for {state.cluster}: {MAX_CAS_ATTEMPTS} "
+        "concurrent-write conflicts in a row; is another control plane publishing?"
+    )

@@ -1,0 +1,339 @@
+"""Messages between the control plane and workload planes, and where they travel on NATS.
+
+Pure pydantic; imports nothing else of the project (the workload plane imports this module).
+Compatibility within v1: only additive fields, each with a default; consumers ignore
+unknown fields (``extra="ignore"``); a message whose ``schema_version`` is not
+``SCHEMA_VERSION`` is rejected by the reader, never half-understood.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
+
+SCHEMA_VERSION = 1
+
+# --- NATS names (the only place they are spelled) -----------------------------------------
+
+SUBJECT_PREFIX = "gpufleet.v1"
+DESIRED_BUCKET = "gpufleet_v1_desired"
+"""JetStream KV bucket holding one DesiredState snapshot per cluster (key = cluster name)."""
+DESIRED_STREAM = f"KV_{DESIRED_BUCKET}"
+"""The stream JetStream creates behind the KV bucket."""
+REPORTS_STREAM = "GPUFLEET_V1_REPORTS"
+"""Stream holding observed state and facts of every cluster."""
+REPORTS_SUBJECTS = (
+    f"{SUBJECT_PREFIX}.cluster.*.observed",
+    f"{SUBJECT_PREFIX}.cluster.*.fact.*",
+)
+
+CLUSTER_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def desired_key(cluster: str) -> str:
+    """KV key of a cluster's desired state."""
+    return check_cluster_name(cluster)
+
+
+def desired_subject(cluster: str) -> str:
+    """The stream subject behind a cluster's desired-state key."""
+    return f"$KV.{DESIRED_BUCKET}.{check_cluster_name(cluster)}"
+
+
+def cluster_subject_prefix(cluster: str) -> str:
+    """Every subject a cluster may publish on starts with this."""
+    return f"{SUBJECT_PREFIX}.cluster.{check_cluster_name(cluster)}"
+
+
+def observed_subject(cluster: str) -> str:
+    return f"{cluster_subject_prefix(cluster)}.observed"
+
+
+def fact_subject(cluster: str, fact_type: str) -> str:
+    return f"{cluster_subject_prefix(cluster)}.fact.{fact_type}"
+
+
+def cluster_from_subject(subject: str) -> str | None:
+    """The cluster named in a reports subject, or None if the subject is not one of ours."""
+    parts = subject.split(".")
+    if len(parts) < 5 or ".".join(parts[:3]) != f"{SUBJECT_PREFIX}.cluster":
+        return None
+    return parts[3]
+
+
+def cluster_user(cluster: str) -> str:
+    """The NATS user of a cluster's agent."""
+    return f"cluster-{check_cluster_name(cluster)}"
+
+
+def cluster_inbox_prefix(cluster: str) -> str:
+    """Inbox prefix a cluster's agent must connect with: replies and watch deliveries land
+    under it, and only that cluster may subscribe there."""
+    return f"_INBOX_{check_cluster_name(cluster)}"
+
+
+def check_cluster_name(name: str) -> str:
+    """Return ``name`` if it is a valid cluster name (one NATS token, DNS-label shaped)."""
+    if not CLUSTER_NAME_RE.match(name):
+        raise ValueError(
+            f"invalid cluster name {name!r}: use 1-63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- building blocks ----------------------------------------------------------------------
+
+
+class Model(BaseModel):
+    """Base of every contract model: unknown fields are ignored (forward compatibility)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+ClusterName = Annotated[str, Field(pattern=CLUSTER_NAME_RE.pattern)]
+
+
+class Envelope(Model):
+    """Fields every message carries. ``id`` doubles as the JetStream ``Nats-Msg-Id``."""
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    type: str
+    schema_version: int = SCHEMA_VERSION
+    source: str = Field(pattern=r"^(controlplane|cluster/[a-z0-9-]+)$")
+    time: datetime = Field(default_factory=utcnow)
+    cluster: ClusterName
+
+
+class RevisionSpec(Model):
+    """What one replica of a deployment revision runs."""
+
+    model_id: str
+    revision: str = Field(description="revision identifier; a change means a new revision")
+    engine_image: str = ""
+    engine_args: list[str] = Field(default_factory=list)
+    gpu_types: list[str] = Field(default_factory=list, description="acceptable GPU types")
+    gpus_per_replica: int = Field(default=1, ge=0)
+
+
+class ReplicaQuota(Model):
+    min: int = Field(default=0, ge=0)
+    max: int = Field(default=0, ge=0)
+
+    @field_validator("max")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("min", 0)
+        if value < low:
+            raise ValueError(f"max ({value}) must be >= min ({low})")
+        return value
+
+
+class AutoscalingPolicy(Model):
+    window_seconds: float = Field(default=60.0, gt=0)
+    scale_down_delay_seconds: float = Field(default=300.0, ge=0)
+    target_concurrency: float = Field(default=8.0, gt=0)
+    scale_to_zero_idle_seconds: float | None = Field(
+        default=None, description="None: never scale to zero"
+    )
+
+
+class DeploymentDesired(Model):
+    """One deployment as placed on one cluster."""
+
+    name: str
+    spec: RevisionSpec
+    quota: ReplicaQuota = Field(default_factory=ReplicaQuota)
+    pools: list[str] = Field(default_factory=list, description="capacity pools it may draw on")
+    routing_weight: float = Field(default=1.0, ge=0, description="share of global traffic")
+    priority: int = 0
+    autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
+
+
+ReplicaState = Literal["starting", "ready", "draining", "failed"]
+
+
+class ReplicaStatus(Model):
+    replica_id: str
+    deployment: str
+    revision: str
+    state: ReplicaState
+    endpoint: str | None = None
+    started_at: datetime | None = None
+
+
+class DeploymentObserved(Model):
+    name: str
+    demand: int = Field(default=0, ge=0, description="replicas the autoscaler wants, even > max")
+    in_flight: int = Field(default=0, ge=0)
+    queue_depth: int = Field(default=0, ge=0)
+    tokens_per_second: float = Field(default=0.0, ge=0)
+    utilisation: float = Field(default=0.0, ge=0)
+
+
+class FreeCapacity(Model):
+    gpu_type: str
+    pool: str | None = None
+    gpus: int = Field(ge=0)
+
+
+class NatsCredentials(Model):
+    """How one party logs into NATS. Passed to ``nats.connect(**creds.connect_options())``."""
+
+    user: str
+    password: str = Field(repr=False)
+    inbox_prefix: str = "_INBOX"
+
+    def connect_options(self) -> dict[str, str]:
+        return {"user": self.user, "password": self.password, "inbox_prefix": self.inbox_prefix}
+
+
+# --- messages -----------------------------------------------------------------------------
+
+
+class DesiredState(Envelope):
+    """Control plane → one cluster: the full snapshot; the newest generation wins."""
+
+    type: Literal["desired_state"] = "desired_state"
+    source: str = "controlplane"
+    generation: int = Field(ge=1)
+    deployments: list[DeploymentDesired] = Field(default_factory=list)
+
+
+class ObservedState(Envelope):
+    """Cluster → control plane heartbeat, every few seconds."""
+
+    type: Literal["observed_state"] = "observed_state"
+    observed_generation: int = Field(default=0, ge=0)
+    agent_version: str = ""
+    replicas: list[ReplicaStatus] = Field(default_factory=list)
+    deployments: list[DeploymentObserved] = Field(default_factory=list)
+    free_capacity: list[FreeCapacity] = Field(default_factory=list)
+
+
+class ReplicaStarted(Envelope):
+    type: Literal["replica_started"] = "replica_started"
+    replica: ReplicaStatus
+
+
+class ReplicaFailed(Envelope):
+    type: Literal["replica_failed"] = "replica_failed"
+    replica: ReplicaStatus
+    reason: str = ""
+
+
+class SpotInterruptionNoticed(Envelope):
+    type: Literal["spot_interruption_noticed"] = "spot_interruption_noticed"
+    instance_id: str
+    pool: str | None = None
+    deadline: datetime | None = None
+
+
+class NodeUnhealthy(Envelope):
+    type: Literal["node_unhealthy"] = "node_unhealthy"
+    instance_id: str
+    reason: str = ""
+
+
+class CapacityExhausted(Envelope):
+    type: Literal["capacity_exhausted"] = "capacity_exhausted"
+    deployment: str
+    pool: str | None = None
+    wanted: int = Field(default=0, ge=0)
+    reason: str = ""
+
+
+class DesiredStateApplied(Envelope):
+    type: Literal["desired_state_applied"] = "desired_state_applied"
+    generation: int = Field(ge=1)
+
+
+Fact = Annotated[
+    ReplicaStarted
+    | ReplicaFailed
+    | SpotInterruptionNoticed
+    | NodeUnhealthy
+    | CapacityExhausted
+    | DesiredStateApplied,
+    Field(discriminator="type"),
+]
+Report = Annotated[
+    ObservedState
+    | ReplicaStarted
+    | ReplicaFailed
+    | SpotInterruptionNoticed
+    | NodeUnhealthy
+    | CapacityExhausted
+    | DesiredStateApplied,
+    Field(discriminator="type"),
+]
+
+MESSAGE_TYPES: tuple[type[Envelope], ...] = (
+    DesiredState,
+    ObservedState,
+    ReplicaStarted,
+    ReplicaFailed,
+    SpotInterruptionNoticed,
+    NodeUnhealthy,
+    CapacityExhausted,
+    DesiredStateApplied,
+)
+FACT_TYPES: tuple[type[Envelope], ...] = MESSAGE_TYPES[2:]
+
+_REPORT = TypeAdapter(Report)
+
+
+class RejectedMessageError(ValueError):
+    """A message we cannot accept; ``reason`` is a short label for metrics."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _check_version(data: bytes) -> dict:
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise RejectedMessageError("malformed", f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RejectedMessageError("malformed", "not a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RejectedMessageError(
+            "schema_version",
+            f"schema_version {version!r} is not {SCHEMA_VERSION}; upgrade the older side",
+        )
+    return raw
+
+
+def decode_report(data: bytes) -> ObservedState | Fact:
+    """Parse a cluster → control plane message, or raise RejectedMessageError."""
+    raw = _check_version(data)
+    try:
+        return _REPORT.validate_python(raw)
+    except ValueError as exc:
+        raise RejectedMessageError("invalid", str(exc).splitlines()[0]) from exc
+
+
+def decode_desired(data: bytes) -> DesiredState:
+    """Parse a DesiredState snapshot, or raise RejectedMessageError."""
+    raw = _check_version(data)
+    try:
+        return DesiredState.model_validate(raw)
+    except ValueError as exc:
+        raise RejectedMessageError("invalid", str(exc).splitlines()[0]) from exc
+
+
+def encode(message: Envelope) -> bytes:
+    return message.model_dump_json().encode()

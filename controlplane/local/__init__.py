@@ -1,0 +1,1 @@
+"""Local servers for development and tests (embedded nats-server, …)."""
