@@ -1,0 +1,156 @@
+"""The admin REST API's composition root: `create_app(settings)` wires everything once."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.api.auth import TokenVerifier
+from controlplane.api.inventory import inventory_routers
+from controlplane.api.observed import observed_routers
+from controlplane.db.session import make_engine, make_session_factory
+from controlplane.errors import (
+    BadRequest,
+    ControlPlaneError,
+    FieldError,
+    InvalidSpec,
+    Problem,
+    problem_for,
+)
+from controlplane.services.validation import field_path, friendly
+from controlplane.settings import Settings
+
+log = logging.getLogger("gpufleet.api")
+PROBLEM = "application/problem+json"
+
+
+def _problem_response(error: ControlPlaneError, request: Request) -> JSONResponse:
+    problem = problem_for(error, instance=str(request.url.path))
+    return JSONResponse(problem.to_json(), status_code=problem.status, media_type=PROBLEM)
+
+
+def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return _problem_response(
+            BadRequest("request body is not valid JSON; send a JSON object"), request
+        )
+    fields = [
+        FieldError(
+            field_path(tuple(e["loc"][1:] if e["loc"][:1] == ("body",) else e["loc"])),
+            friendly(e["type"], e["msg"]),
+        )
+        for e in errors
+    ]
+    detail = "; ".join(f"{f.field}: {f.message}" for f in fields)
+    return _problem_response(InvalidSpec(detail, fields), request)
+
+
+def _on_integrity(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("integrity error on %s: %s", request.url.path, type(exc).__name__)
+    problem = Problem(
+        status=409,
+        title="Conflict",
+        detail="the change conflicts with another object (a duplicate name or a reference "
+        "still in use); GET the objects involved and retry",
+        type="https://gpufleet.dev/problems/conflict",
+        instance=str(request.url.path),
+    )
+    return JSONResponse(problem.to_json(), status_code=409, media_type=PROBLEM)
+
+
+def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    problem = Problem(
+        status=500,
+        title="Internal error",
+        detail="the control plane failed unexpectedly; the error is logged with this request id",
+        type="https://gpufleet.dev/problems/internal",
+        instance=str(request.url.path),
+    )
+    return JSONResponse(problem.to_json(), status_code=500, media_type=PROBLEM)
+
+
+async def _request_id(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request.state.request_id = rid[:64]
+    response = await call_next(request)
+    response.headers["X-Request-Id"] = request.state.request_id
+    return response
+
+
+def _health_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", summary="Liveness (no auth)")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", summary="Readiness: the database answers (no auth)")
+    def readyz(request: Request) -> JSONResponse:
+        try:
+            with request.app.state.session_factory() as session:
+                session.execute(text("SELECT 1"))
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            log.warning("readyz: database unreachable: %s", type(exc).__name__)
+            return JSONResponse({"status": "database unreachable"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return router
+
+
+def create_app(
+    settings: Settings,
+    session_factory: sessionmaker[Session] | None = None,
+    extra_routers: list[APIRouter] | None = None,
+) -> FastAPI:
+    factory = session_factory or make_session_factory(
+        make_engine(settings.database_url, settings.db_pool_size)
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if session_factory is None:
+            engine: Any = factory.kw.get("bind")
+            if engine is not None:
+                engine.dispose()
+
+    app = FastAPI(
+        title="gpufleet admin API",
+        version="1",
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.session_factory = factory
+    app.state.settings = settings
+    app.state.verifier = TokenVerifier(factory)
+    app.middleware("http")(_request_id)
+    app.add_exception_handler(
+        ControlPlaneError,
+        lambda request, exc: _problem_response(exc, request),  # type: ignore[arg-type]
+    )
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(IntegrityError, _on_integrity)
+    app.add_exception_handler(Exception, _on_unexpected)
+    app.include_router(_health_router())
+    api = APIRouter(prefix="/api/v1")
+    for router in inventory_routers() + observed_routers() + (extra_routers or []):
+        api.include_router(router)
+    app.include_router(api)
+    return app

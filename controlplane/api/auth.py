@@ -1,0 +1,91 @@
+"""Bearer-token authentication and role checks for every route.
+
+Only SHA-256 hashes of tokens are stored. A verified token is cached for a few seconds so that
+reads do not pay a second query; disabling or deleting a token takes effect within `ttl_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from fastapi import Request
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.api.schemas import Role
+from controlplane.db.models import ApiToken
+from controlplane.errors import Forbidden, Unauthenticated
+from controlplane.services.inventory import hash_token
+
+RANK = {Role.viewer: 0, Role.operator: 1, Role.admin: 2}
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: str
+    name: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.name}"
+
+
+class TokenVerifier:
+    def __init__(self, factory: sessionmaker[Session], ttl_s: float = 5.0) -> None:
+        self._factory = factory
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, Principal]] = {}
+        self._touched: dict[str, float] = {}
+
+    def verify(self, header: str | None) -> Principal:
+        if not header or not header.lower().startswith("bearer "):
+            raise Unauthenticated(
+                "missing bearer token; send 'Authorization: Bearer <token>' (create one with "
+                "POST /api/v1/tokens, or use the admin token printed at first start)"
+            )
+        digest = hash_token(header[7:].strip())
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached and cached[0] > now:
+            return cached[1]
+        principal = self._load(digest)
+        self._cache[digest] = (now + self._ttl_s, principal)
+        return principal
+
+    def _load(self, digest: str) -> Principal:
+        with self._factory() as session, session.begin():
+            row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+            now = datetime.now(UTC)
+            if row is None or row.disabled:
+                raise Unauthenticated("token is not valid; check it or ask an admin for a new one")
+            if row.expires_at is not None and row.expires_at <= now:
+                raise Unauthenticated(f"token '{row.name}' expired at {row.expires_at.isoformat()}")
+            if time.monotonic() - self._touched.get(row.id, -1e9) > 60:
+                session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
+                self._touched[row.id] = time.monotonic()
+            return Principal(row.id, row.name, Role(row.role))
+
+    def forget(self) -> None:
+        self._cache.clear()
+
+
+def require(role: Role) -> Callable[[Request], Principal]:
+    """A FastAPI dependency admitting `role` and every role above it."""
+
+    def dependency(request: Request) -> Principal:
+        verifier: TokenVerifier = request.app.state.verifier
+        principal = verifier.verify(request.headers.get("authorization"))
+        if RANK[principal.role] < RANK[role]:
+            raise Forbidden(
+                f"this needs the {role.value} role; token '{principal.name}' is "
+                f"{principal.role.value}. Ask an admin for a token with role {role.value}"
+            )
+        request.state.principal = principal
+        return principal
+
+    dependency.required_role = role  # type: ignore[attr-defined]
+    return dependency

@@ -1,0 +1,45 @@
+"""Per-request plumbing shared by routers: the session, the actor, If-Match, filters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fastapi import Request
+from sqlalchemy.orm import Session
+
+from controlplane.errors import BadRequest
+from controlplane.services.inventory import Actor
+
+RESERVED_QUERY = frozenset({"limit", "cursor", "force"})
+
+
+@contextmanager
+def session_scope(request: Request) -> Iterator[Session]:
+    """One transaction per request: committed when the handler returns, rolled back on error."""
+    with request.app.state.session_factory() as session, session.begin():
+        yield session
+
+
+def actor_of(request: Request) -> Actor:
+    principal = getattr(request.state, "principal", None)
+    return Actor(
+        name=principal.actor if principal else "system",
+        request_id=getattr(request.state, "request_id", None),
+    )
+
+
+def if_match(request: Request) -> int | None:
+    raw = request.headers.get("if-match")
+    if raw is None:
+        return None
+    value = raw.strip().removeprefix("W/").strip('"')
+    if not value.isdigit():
+        raise BadRequest(
+            f"If-Match must be the object's generation (e.g. If-Match: \"3\"), got {raw!r}"
+        )
+    return int(value)
+
+
+def list_filters(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.query_params.items() if k not in RESERVED_QUERY}

@@ -1,0 +1,91 @@
+"""Generic CRUD routes for every user-managed kind; thin wrappers over services.inventory."""
+
+# No `from __future__ import annotations`: FastAPI reads the spec types at definition time.
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from controlplane.api.auth import Principal, require
+from controlplane.api.context import actor_of, if_match, list_filters, session_scope
+from controlplane.services import inventory as svc
+from controlplane.services.resources import KINDS, ResourceKind
+
+
+def _one(kind: ResourceKind, result: svc.WriteResult, status: int = 200) -> JSONResponse:
+    body = svc.to_json(kind, result.row)
+    if result.secret is not None:
+        body["token"] = result.secret
+    return JSONResponse(body, status_code=status, headers={"ETag": f'"{result.row.generation}"'})
+
+
+def resource_router(kind: ResourceKind) -> APIRouter:
+    router = APIRouter(prefix=f"/{kind.path}", tags=[kind.path])
+    readers = require(kind.read_role)
+    writers = require(kind.write_role)
+    spec_type: Any = kind.spec
+    filter_params = [
+        {"name": f, "in": "query", "required": False, "schema": {"type": "string"}}
+        for f in sorted(kind.filters)
+    ]
+
+    @router.get(
+        "",
+        summary=f"List {kind.path}",
+        openapi_extra={"parameters": filter_params} if filter_params else None,
+    )
+    def list_objects(
+        request: Request,
+        _: Principal = Depends(readers),
+        limit: int = Query(100, ge=1, le=500),
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        with session_scope(request) as session:
+            rows, next_cursor = svc.list_rows(session, kind, list_filters(request), limit, cursor)
+            return {"items": [svc.to_json(kind, r) for r in rows], "next_cursor": next_cursor}
+
+    @router.post("", status_code=201, summary=f"Create a {kind.kind}")
+    def create_object(
+        request: Request, spec: spec_type = Body(), _: Principal = Depends(writers)
+    ) -> JSONResponse:
+        with session_scope(request) as session:
+            return _one(kind, svc.create(session, kind, spec, actor_of(request)), 201)
+
+    @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name")
+    def get_object(request: Request, ref: str, _: Principal = Depends(readers)) -> JSONResponse:
+        with session_scope(request) as session:
+            return _one(kind, svc.WriteResult(svc.get(session, kind, ref)))
+
+    @router.put("/{ref}", summary=f"Create or replace a {kind.kind} (idempotent)")
+    def put_object(
+        request: Request, ref: str, spec: spec_type = Body(), _: Principal = Depends(writers)
+    ) -> JSONResponse:
+        with session_scope(request) as session:
+            result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))
+            return _one(kind, result, 201 if result.created else 200)
+
+    @router.patch("/{ref}", summary=f"Change some fields of a {kind.kind} (JSON merge patch)")
+    def patch_object(
+        request: Request,
+        ref: str,
+        changes: dict[str, Any] = Body(),
+        _: Principal = Depends(writers),
+    ) -> JSONResponse:
+        with session_scope(request) as session:
+            result = svc.patch(session, kind, ref, changes, actor_of(request), if_match(request))
+            return _one(kind, result)
+
+    @router.delete("/{ref}", status_code=204, summary=f"Delete a {kind.kind}")
+    def delete_object(
+        request: Request, ref: str, force: bool = False, _: Principal = Depends(writers)
+    ) -> Response:
+        with session_scope(request) as session:
+            svc.delete(session, kind, ref, actor_of(request), force, if_match(request))
+        return Response(status_code=204)
+
+    return router
+
+
+def inventory_routers() -> list[APIRouter]:
+    return [resource_router(kind) for kind in KINDS.values()]

@@ -1,0 +1,268 @@
+"""The specs users write (API bodies, CLI YAML, Terraform): references are by name.
+
+A spec is what the user owns; `generation` changes only when it changes. Status is ours.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from controlplane.jurisdictions import is_jurisdiction
+
+Name = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63),
+    Field(description="Lowercase letters, digits and '-', at most 63 characters."),
+]
+GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
+CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-secret|none):\S+$"
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _check_jurisdictions(codes: list[str]) -> list[str]:
+    for code in codes:
+        if not is_jurisdiction(code):
+            raise ValueError(
+                f"'{code}' is not an ISO 3166-1 alpha-2 country code; use e.g. US, DE, JP"
+            )
+    return codes
+
+
+class ProviderKind(StrEnum):
+    aws = "aws"
+    gcp = "gcp"
+    azure = "azure"
+    coreweave = "coreweave"
+    nebius = "nebius"
+    lambda_ = "lambda"
+    local = "local"
+    other = "other"
+
+
+class ProviderClass(StrEnum):
+    hyperscaler = "hyperscaler"
+    neocloud = "neocloud"
+    reseller = "reseller"
+
+
+class ProviderSpec(Spec):
+    name: Name
+    kind: ProviderKind
+    provider_class: ProviderClass
+    certifications: list[Certification] = Field(default_factory=list)
+    credentials_ref: Annotated[str, StringConstraints(pattern=CREDENTIALS_REF)] | None = Field(
+        default=None,
+        description="Where the credentials live, never the secret: env:NAME, file:/path, "
+        "vault:path, aws-secretsmanager:arn, gcp-secretmanager:name, k8s-secret:ns/name.",
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("certifications")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class RegionSpec(Spec):
+    name: Name
+    provider: Name
+    code: Annotated[str, StringConstraints(min_length=1, max_length=63)]
+    jurisdiction: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")] = Field(
+        description="ISO 3166-1 alpha-2 country code where the region's data lives."
+    )
+    latitude: float = Field(ge=-90, le=90)
+    longitude: float = Field(ge=-180, le=180)
+
+    @field_validator("jurisdiction")
+    @classmethod
+    def _iso(cls, v: str) -> str:
+        _check_jurisdictions([v])
+        return v
+
+
+class GpuTypeSpec(Spec):
+    name: GpuTypeName
+    memory_gib: int = Field(gt=0, le=4096)
+
+
+class PurchaseType(StrEnum):
+    reserved = "reserved"
+    on_demand = "on_demand"
+    spot = "spot"
+
+
+_ONLY_FOR: dict[str, PurchaseType] = {
+    "term_start": PurchaseType.reserved,
+    "term_end": PurchaseType.reserved,
+    "committed_gpus": PurchaseType.reserved,
+    "capacity_reservation_id": PurchaseType.reserved,
+    "quota_gpus": PurchaseType.on_demand,
+    "interruptions_per_hour": PurchaseType.spot,
+    "notice_seconds": PurchaseType.spot,
+}
+
+
+class PoolSpec(Spec):
+    name: Name
+    provider: Name
+    region: Name
+    gpu_type: GpuTypeName
+    purchase_type: PurchaseType
+    gpus: int = Field(ge=0, description="GPUs in the pool now (held or immediately usable).")
+    gpus_per_instance: int = Field(default=8, ge=1, le=64)
+    instance_type: str | None = None
+    price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
+    term_start: datetime | None = None
+    term_end: datetime | None = None
+    committed_gpus: int | None = Field(default=None, ge=0)
+    capacity_reservation_id: str | None = None
+    quota_gpus: int | None = Field(default=None, ge=0)
+    interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
+    notice_seconds: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _purchase_fields(self) -> Self:
+        for fname, only in _ONLY_FOR.items():
+            if getattr(self, fname) is not None and self.purchase_type != only:
+                raise ValueError(
+                    f"{fname} applies to {only.value} pools only; remove it or set "
+                    f"purchase_type: {only.value}"
+                )
+        if self.purchase_type == PurchaseType.reserved:
+            if self.term_start is None or self.term_end is None:
+                raise ValueError("a reserved pool needs term_start and term_end")
+            if self.term_end <= self.term_start:
+                raise ValueError("term_end must be after term_start")
+            if self.committed_gpus is None:
+                raise ValueError("a reserved pool needs committed_gpus (the GPUs paid for)")
+        return self
+
+
+class ClusterSpec(Spec):
+    name: Name
+    region: Name
+    endpoint: AnyHttpUrl | None = None
+    pools: list[Name] = Field(default_factory=list, description="Pools this cluster may draw on.")
+    cordoned: bool = Field(default=False, description="True: receives no new replicas.")
+
+    @field_validator("pools")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class ScheduleEntry(Spec):
+    days: list[Annotated[int, Field(ge=0, le=6)]] = Field(
+        default_factory=lambda: [0, 1, 2, 3, 4], description="0 = Monday."
+    )
+    start: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
+    end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
+    timezone: str = "UTC"
+    min_replicas: int = Field(ge=0)
+
+
+class AutoscalingPolicy(Spec):
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=0, le=10_000)
+    window_s: float = Field(default=60, gt=0, le=3600)
+    scale_down_delay_s: float = Field(default=300, ge=0, le=86_400)
+    concurrency_target: int = Field(default=16, ge=1, le=10_000)
+    scale_to_zero_idle_s: float = Field(default=900, ge=0)
+    schedule: list[ScheduleEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas "
+                f"({self.min_replicas}); raise max_replicas or lower min_replicas"
+            )
+        return self
+
+
+class PlacementPolicy(Spec):
+    allowed_jurisdictions: list[str] = Field(
+        default_factory=list, description="ISO 3166 codes; empty: anywhere."
+    )
+    allowed_regions: list[Name] = Field(default_factory=list, description="Empty: any region.")
+    required_certifications: list[Certification] = Field(default_factory=list)
+    spot_allowed: bool = False
+    max_spot_fraction: float = Field(default=0.5, ge=0, le=1)
+    min_providers: int = Field(default=1, ge=1, le=16)
+    min_regions: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("allowed_jurisdictions")
+    @classmethod
+    def _iso(cls, v: list[str]) -> list[str]:
+        return sorted(set(_check_jurisdictions(v)))
+
+    @field_validator("allowed_regions", "required_certifications")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class DeploymentSpec(Spec):
+    name: Name
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    model_revision: str = "main"
+    engine_image: str = "vllm/vllm-openai:v0.32.0"
+    engine_args: list[str] = Field(default_factory=list)
+    gpus_per_replica: int = Field(ge=1, le=64)
+    gpu_types: list[GpuTypeName] = Field(min_length=1, description="Acceptable GPU types.")
+    autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
+    placement: PlacementPolicy = Field(default_factory=PlacementPolicy)
+    priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
+    traffic: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="Where requests come from: region name → weight."
+    )
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+REVISION_FIELDS = (
+    "model_id",
+    "model_revision",
+    "engine_image",
+    "engine_args",
+    "gpus_per_replica",
+    "gpu_types",
+)
+
+
+class Role(StrEnum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+
+class TokenSpec(Spec):
+    name: Name
+    role: Role
+    description: str | None = Field(default=None, max_length=255)
+    expires_at: datetime | None = None
+
+
+class Page(BaseModel):
+    items: list[dict[str, Any]]
+    next_cursor: str | None = None

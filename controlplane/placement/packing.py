@@ -1,0 +1,198 @@
+"""The mutable plan the engine builds, and the greedy fill that every phase uses.
+
+Invariants kept by every operation here: no pool's used GPUs exceed its usable GPUs
+(capacity + procurable, 0 without a healthy cluster); a replica only lands on a pool its
+deployment's static constraints admit; a deployment's placed replicas span at least
+min(min_distinct_X, placed) providers and regions once `enforce_spread` has run; spot
+replicas never exceed floor(max_spot_fraction x target) during fill (and x placed after
+`enforce_spot`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controlplane.placement.constraints import Tables
+
+INF = math.inf
+EPS_FIT = 1e-7  # tie-break: among equally cheap pools take the fullest one (best fit)
+
+
+@dataclass
+class Plan:
+    t: Tables
+    used: np.ndarray  # int64 GPUs used per pool
+    alloc: list[dict[int, int]]  # per deployment: pool -> replicas
+    members: list[dict[int, int]]  # per pool: deployment -> replicas
+    blocked: dict[int, str] = field(default_factory=dict)  # deployment -> binding constraint
+    displaced: dict[int, dict[int, int]] = field(default_factory=dict)  # victim -> {by: n}
+    kept: list[dict[int, int]] = field(default_factory=list)  # replicas kept from current
+
+    @classmethod
+    def empty(cls, t: Tables) -> Plan:
+        n_dep, n_pool = len(t.inp.deployments), len(t.pool_ids)
+        return cls(
+            t=t,
+            used=np.zeros(n_pool, dtype=np.int64),
+            alloc=[{} for _ in range(n_dep)],
+            members=[{} for _ in range(n_pool)],
+            kept=[{} for _ in range(n_dep)],
+        )
+
+    def size(self, d: int) -> int:
+        return self.t.inp.deployments[d].gpus_per_replica
+
+    def add(self, d: int, p: int, n: int) -> None:
+        self.alloc[d][p] = self.alloc[d].get(p, 0) + n
+        self.members[p][d] = self.members[p].get(d, 0) + n
+        self.used[p] += n * self.size(d)
+
+    def remove(self, d: int, p: int, n: int) -> None:
+        left = self.alloc[d][p] - n
+        if left:
+            self.alloc[d][p] = left
+            self.members[p][d] = left
+        else:
+            del self.alloc[d][p]
+            del self.members[p][d]
+        self.used[p] -= n * self.size(d)
+        kept = self.kept[d].get(p, 0)
+        if kept > left:
+            self.kept[d][p] = left
+
+    def placed(self, d: int) -> int:
+        return sum(self.alloc[d].values())
+
+    def spot_count(self, d: int) -> int:
+        spot = self.t.is_spot
+        return sum(n for p, n in self.alloc[d].items() if spot[p])
+
+    def spot_budget(self, d: int) -> int:
+        dep = self.t.inp.deployments[d]
+        if not dep.policy.spot_allowed:
+            return 0
+        cap = math.floor(dep.policy.max_spot_fraction * dep.target_replicas + 1e-9)
+        return cap - self.spot_count(d)
+
+    def spread_sets(self, d: int) -> tuple[set[int], set[int]]:
+        t = self.t
+        a = self.alloc[d]
+        return {int(t.pool_provider[p]) for p in a}, {int(t.pool_region[p]) for p in a}
+
+
+def spread_need(plan: Plan, d: int, placed: int) -> tuple[int, int]:
+    """Distinct providers and regions the deployment must span with `placed` replicas."""
+    pol = plan.t.inp.deployments[d].policy
+    return min(pol.min_distinct_providers, placed), min(pol.min_distinct_regions, placed)
+
+
+def spread_ok(plan: Plan, d: int) -> bool:
+    provs, regs = plan.spread_sets(d)
+    kp, kr = spread_need(plan, d, plan.placed(d))
+    return len(provs) >= kp and len(regs) >= kr
+
+
+def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
+    """Effective cost of every pool that can take one more replica of d now (inf if not)."""
+    t = plan.t
+    s = plan.size(d)
+    ok = t.compat(d) & (t.cap - plan.used >= s)
+    if plan.spot_budget(d) <= 0:
+        ok &= ~t.is_spot
+    if exclude >= 0:
+        ok[exclude] = False
+    return np.where(ok, t.cost(d), INF)
+
+
+def _spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """Restrict to pools that add a needed provider/region; returns (costs, unmet need)."""
+    t = plan.t
+    target = t.inp.deployments[d].target_replicas
+    provs, regs = plan.spread_sets(d)
+    kp, kr = spread_need(plan, d, target)
+    need_p, need_r = len(provs) < kp, len(regs) < kr
+    if not (need_p or need_r):
+        return cost, None
+    new_p = ~np.isin(t.pool_provider, list(provs)) if need_p else True
+    new_r = ~np.isin(t.pool_region, list(regs)) if need_r else True
+    both = np.where(new_p & new_r, cost, INF)
+    if np.isfinite(both).any() or not (need_p and need_r):
+        unmet = "min_distinct_providers" if need_p else "min_distinct_regions"
+        return both, unmet
+    return np.where(new_p | new_r, cost, INF), "min_distinct_providers"
+
+
+def fill(plan: Plan, d: int, k: int) -> int:
+    """Place up to k more replicas of d, cheapest pool first; returns how many it placed.
+
+    While the deployment spans fewer providers/regions than its policy asks, each replica
+    must add one; if none can, it stops (more replicas on the same provider would break
+    the spread rule) and records the binding constraint in plan.blocked.
+    """
+    t = plan.t
+    s = plan.size(d)
+    placed = 0
+    while placed < k:
+        cost = candidates(plan, d)
+        cost, unmet = _spread_filter(plan, d, cost)
+        free = t.cap - plan.used
+        p = int(np.argmin(cost + EPS_FIT * free))
+        if not math.isfinite(cost[p]):
+            plan.blocked[d] = unmet or "capacity"
+            return placed
+        n = 1 if unmet else min(k - placed, int(free[p]) // s)
+        if t.is_spot[p]:
+            n = min(n, plan.spot_budget(d))
+        plan.add(d, p, n)
+        placed += n
+    plan.blocked.pop(d, None)
+    return placed
+
+
+def drop_most_expensive(plan: Plan, d: int, n: int, among: set[int] | None = None) -> None:
+    """Remove n replicas of d, from its most expensive pools first (restricted to `among`)."""
+    cost = plan.t.cost(d)
+    pools = sorted(plan.alloc[d], key=lambda p: (-cost[p], p))
+    for p in pools:
+        if n <= 0:
+            return
+        if among is not None and p not in among:
+            continue
+        take = min(n, plan.alloc[d][p])
+        plan.remove(d, p, take)
+        n -= take
+
+
+def enforce_spot(plan: Plan, d: int) -> None:
+    """Trim spot replicas until spot <= floor(max_spot_fraction x placed)."""
+    t = plan.t
+    frac = t.inp.deployments[d].policy.max_spot_fraction
+    while True:
+        spot = plan.spot_count(d)
+        if spot <= math.floor(frac * plan.placed(d) + 1e-9):
+            return
+        plan.blocked[d] = "max_spot_fraction"
+        drop_most_expensive(plan, d, 1, {p for p in plan.alloc[d] if t.is_spot[p]})
+
+
+def enforce_spread(plan: Plan, d: int) -> None:
+    """Move or trim replicas until the spread rule holds (it always holds with 1 replica)."""
+    t = plan.t
+    for _ in range(64):
+        if spread_ok(plan, d):
+            return
+        provs, regs = plan.spread_sets(d)
+        kp, _kr = spread_need(plan, d, plan.placed(d))
+        key = t.pool_provider if len(provs) < kp else t.pool_region
+        counts: dict[int, int] = {}
+        for p, n in plan.alloc[d].items():
+            counts[int(key[p])] = counts.get(int(key[p]), 0) + n
+        crowded = max(counts, key=lambda g: (counts[g], -g))
+        drop_most_expensive(plan, d, 1, {p for p in plan.alloc[d] if key[p] == crowded})
+        if fill(plan, d, 1) == 0:
+            plan.blocked[d] = (
+                "min_distinct_providers" if key is t.pool_provider else "min_distinct_regions"
+            )

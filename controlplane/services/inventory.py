@@ -1,0 +1,278 @@
+"""Create, read, list, replace, patch and delete any user-managed kind, with audit.
+
+Callers own the transaction. Writes compare the normalised spec before and after: only a real
+change bumps `generation` and writes an audit entry. `expected_generation` (If-Match) guards
+against lost updates.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controlplane.api.schemas import REVISION_FIELDS, Spec
+from controlplane.db import models as m
+from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
+from controlplane.services import audit
+from controlplane.services.resources import ResourceKind
+from controlplane.services.validation import invalid_spec_from
+
+TOKEN_PREFIX = "gpf_"
+
+
+@dataclass(frozen=True)
+class Actor:
+    name: str
+    request_id: str | None = None
+
+
+@dataclass
+class WriteResult:
+    row: Any
+    created: bool = False
+    changed: bool = False
+    secret: str | None = None
+
+
+def parse_spec(kind: ResourceKind, body: Mapping[str, Any]) -> Spec:
+    try:
+        return kind.spec.model_validate(dict(body))
+    except ValidationError as exc:
+        raise invalid_spec_from(exc, kind.kind) from exc
+
+
+def spec_json(kind: ResourceKind, row: Any) -> dict[str, Any]:
+    return kind.spec.model_validate(kind.load(row)).model_dump(mode="json", exclude_none=True)
+
+
+def to_json(kind: ResourceKind, row: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": kind.kind, "id": row.id}
+    body.update(spec_json(kind, row))
+    body["generation"] = row.generation
+    body["created_at"] = row.created_at.isoformat()
+    body["updated_at"] = row.updated_at.isoformat()
+    body["status"] = status_of(kind, row)
+    return body
+
+
+def status_of(kind: ResourceKind, row: Any) -> dict[str, Any]:
+    status = dict(row.status or {})
+    if isinstance(row, m.Cluster):
+        status.update(
+            state=row.state,
+            agent_version=row.agent_version,
+            last_heartbeat_at=row.last_heartbeat_at.isoformat() if row.last_heartbeat_at else None,
+            desired_generation=row.desired_generation,
+            observed_generation=row.observed_generation,
+        )
+    elif isinstance(row, m.Deployment):
+        status.update(revision=row.revision, demand_replicas=row.demand_replicas)
+    elif isinstance(row, m.ApiToken):
+        status.update(
+            prefix=row.prefix,
+            last_used_at=row.last_used_at.isoformat() if row.last_used_at else None,
+        )
+    return status
+
+
+def get(session: Session, kind: ResourceKind, ref: str) -> Any:
+    column = kind.row.id if _is_uuid(ref) else kind.row.name
+    row = session.scalars(select(kind.row).where(column == ref)).first()
+    if row is None:
+        raise NotFound(f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}")
+    return row
+
+
+def list_rows(
+    session: Session,
+    kind: ResourceKind,
+    filters: Mapping[str, str],
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Any], str | None]:
+    stmt = select(kind.row).order_by(kind.row.name)
+    for key, value in filters.items():
+        apply_filter = kind.filters.get(key)
+        if apply_filter is None:
+            allowed = ", ".join(sorted(kind.filters)) or "none"
+            raise BadRequest(f"unknown filter '{key}' for {kind.path}; allowed filters: {allowed}")
+        stmt = apply_filter(stmt, value)
+    if cursor:
+        stmt = stmt.where(kind.row.name > _decode_cursor(cursor))
+    rows = list(session.scalars(stmt.limit(limit + 1)).unique())
+    next_cursor = _encode_cursor(rows[limit - 1].name) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def create(session: Session, kind: ResourceKind, spec: Spec, actor: Actor) -> WriteResult:
+    name = getattr(spec, "name")  # noqa: B009 - every spec has a name
+    if session.scalars(select(kind.row.id).where(kind.row.name == name)).first():
+        raise Conflict(
+            f"{kind.kind} '{name}' already exists; use PUT /api/v1/{kind.path}/{name} to "
+            "replace it or PATCH to change it"
+        )
+    row = kind.row()
+    row.generation = 1
+    kind.apply(session, row, spec)
+    secret = _on_create(session, row)
+    session.add(row)
+    session.flush()
+    after = spec_json(kind, row)
+    audit.record(session, actor=actor.name, action="create", kind=kind.kind, resource_id=row.id,
+                 name=row.name, before=None, after=after, request_id=actor.request_id)  # fmt: skip
+    return WriteResult(row, created=True, changed=True, secret=secret)
+
+
+def replace(
+    session: Session,
+    kind: ResourceKind,
+    name: str,
+    spec: Spec,
+    actor: Actor,
+    expected_generation: int | None = None,
+) -> WriteResult:
+    if getattr(spec, "name") != name:  # noqa: B009
+        raise InvalidSpec.on("name", f"must equal the name in the URL ('{name}')")
+    row = session.scalars(select(kind.row).where(kind.row.name == name)).first()
+    if row is None:
+        if expected_generation is not None:
+            raise StaleGeneration(f"{kind.kind} '{name}' does not exist; drop If-Match to create it")
+        return create(session, kind, spec, actor)
+    return _update(session, kind, row, spec, actor, expected_generation)
+
+
+def patch(
+    session: Session,
+    kind: ResourceKind,
+    ref: str,
+    changes: Mapping[str, Any],
+    actor: Actor,
+    expected_generation: int | None = None,
+) -> WriteResult:
+    row = get(session, kind, ref)
+    merged = merge_patch(spec_json(kind, row), changes)
+    return _update(session, kind, row, parse_spec(kind, merged), actor, expected_generation)
+
+
+def delete(
+    session: Session,
+    kind: ResourceKind,
+    ref: str,
+    actor: Actor,
+    force: bool = False,
+    expected_generation: int | None = None,
+) -> None:
+    row = get(session, kind, ref)
+    _check_generation(kind, row, expected_generation)
+    kind.check_delete(session, row, force)
+    before = spec_json(kind, row)
+    audit.record(session, actor=actor.name, action="delete", kind=kind.kind, resource_id=row.id,
+                 name=row.name, before=before, after=None, request_id=actor.request_id)  # fmt: skip
+    session.delete(row)
+    session.flush()
+
+
+def merge_patch(target: Any, patch_doc: Any) -> Any:
+    """RFC 7396 JSON merge patch: objects merge, null removes, anything else replaces."""
+    if not isinstance(patch_doc, Mapping):
+        return patch_doc
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch_doc.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _update(
+    session: Session,
+    kind: ResourceKind,
+    row: Any,
+    spec: Spec,
+    actor: Actor,
+    expected_generation: int | None,
+) -> WriteResult:
+    _check_generation(kind, row, expected_generation)
+    before = spec_json(kind, row)
+    if getattr(spec, "name") != row.name:  # noqa: B009
+        raise InvalidSpec.on("name", "cannot be changed; create a new object and delete this one")
+    after = spec.model_dump(mode="json", exclude_none=True)
+    if before == after:
+        return WriteResult(row)
+    kind.apply(session, row, spec)
+    row.generation += 1
+    _on_change(session, row, before, after)
+    session.flush()
+    audit.record(session, actor=actor.name, action="update", kind=kind.kind, resource_id=row.id,
+                 name=row.name, before=before, after=after, request_id=actor.request_id)  # fmt: skip
+    return WriteResult(row, changed=True)
+
+
+def _check_generation(kind: ResourceKind, row: Any, expected: int | None) -> None:
+    if expected is not None and expected != row.generation:
+        raise StaleGeneration(
+            f"{kind.kind} '{row.name}' is at generation {row.generation}, not {expected}; "
+            "GET it again, re-apply your change and retry with the new If-Match"
+        )
+
+
+def _on_create(session: Session, row: Any) -> str | None:
+    """Kind-specific first-write work; returns a secret to show exactly once, if any."""
+    if isinstance(row, m.Deployment):
+        row.revision = 1
+        row.revisions.append(m.DeploymentRevision(revision=1, spec=revision_spec(row)))
+    if isinstance(row, m.ApiToken):
+        secret, row.token_hash, row.prefix = new_token()
+        return secret
+    return None
+
+
+def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[str, Any]) -> None:
+    if isinstance(row, m.Deployment) and any(before.get(f) != after.get(f) for f in REVISION_FIELDS):
+        row.revision += 1
+        row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
+
+
+def revision_spec(row: m.Deployment) -> dict[str, Any]:
+    return {f: getattr(row, f) for f in REVISION_FIELDS}
+
+
+def new_token() -> tuple[str, str, str]:
+    """(secret, sha256 hex, display prefix). 32 random bytes: a fast hash is enough."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    return secret, hash_token(secret), secret[: len(TOKEN_PREFIX) + 6]
+
+
+def hash_token(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _encode_cursor(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest("cursor is not valid; pass next_cursor from the previous page") from exc
+
+

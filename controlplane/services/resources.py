@@ -1,0 +1,393 @@
+"""How each user-managed kind maps between its spec (names) and its rows (ids).
+
+One `ResourceKind` per kind; the generic service in `inventory.py` does the rest. Loading a
+spec from a row and applying a spec to a row are inverse: apply(load(row)) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from controlplane.api.schemas import (
+    ClusterSpec,
+    DeploymentSpec,
+    GpuTypeSpec,
+    PoolSpec,
+    ProviderSpec,
+    RegionSpec,
+    Role,
+    Spec,
+    TokenSpec,
+)
+from controlplane.db import models as m
+from controlplane.errors import InUse, InvalidSpec
+
+Filter = Callable[[Select[Any], str], Select[Any]]
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    kind: str
+    path: str
+    row: type[Any]
+    spec: type[Spec]
+    write_role: Role
+    load: Callable[[Any], dict[str, Any]]
+    apply: Callable[[Session, Any, Any], None]
+    check_delete: Callable[[Session, Any, bool], None]
+    filters: Mapping[str, Filter] = field(default_factory=dict)
+    read_role: Role = Role.viewer
+
+
+def _by_name(session: Session, row_type: type[Any], name: str, field_name: str) -> Any:
+    found = session.scalars(select(row_type).where(row_type.name == name)).first()
+    if found is None:
+        kind = row_type.__tablename__.rstrip("s").replace("_", " ")
+        raise InvalidSpec.on(field_name, f"no {kind} named '{name}'; create it first or fix the name")
+    return found
+
+
+def _names(rows: list[Any]) -> str:
+    shown = ", ".join(f"`{r.name}`" for r in rows[:5])
+    return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+
+
+def _refuse_if(rows: list[Any], what: str, fix: str) -> None:
+    if rows:
+        raise InUse(f"still {what} {_names(rows)}; {fix}")
+
+
+def _eq(column: Any) -> Filter:
+    return lambda stmt, value: stmt.where(column == value)
+
+
+def _ref(column: Any, row_type: type[Any]) -> Filter:
+    return lambda stmt, value: stmt.where(
+        column.in_(select(row_type.id).where(row_type.name == value))
+    )
+
+
+def _contains(column: Any) -> Filter:
+    return lambda stmt, value: stmt.where(column.contains([value]))
+
+
+# providers ---------------------------------------------------------------------------------
+
+
+def _load_provider(row: m.Provider) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "kind": row.kind,
+        "provider_class": row.provider_class,
+        "certifications": row.certifications,
+        "credentials_ref": row.credentials_ref,
+        "labels": row.labels,
+    }
+
+
+def _apply_provider(session: Session, row: m.Provider, spec: ProviderSpec) -> None:
+    row.name = spec.name
+    row.kind = spec.kind.value
+    row.provider_class = spec.provider_class.value
+    row.certifications = list(spec.certifications)
+    row.credentials_ref = spec.credentials_ref
+    row.labels = dict(spec.labels)
+
+
+def _check_delete_provider(session: Session, row: m.Provider, force: bool) -> None:
+    pools = list(session.scalars(select(m.Pool).where(m.Pool.provider_id == row.id)))
+    _refuse_if(pools, "has pools", "delete those pools first")
+    regions = list(session.scalars(select(m.Region).where(m.Region.provider_id == row.id)))
+    _refuse_if(regions, "has regions", "delete those regions first")
+
+
+# regions -----------------------------------------------------------------------------------
+
+
+def _load_region(row: m.Region) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "provider": row.provider.name,
+        "code": row.code,
+        "jurisdiction": row.jurisdiction,
+        "latitude": row.latitude,
+        "longitude": row.longitude,
+    }
+
+
+def _apply_region(session: Session, row: m.Region, spec: RegionSpec) -> None:
+    provider = _by_name(session, m.Provider, spec.provider, "provider")
+    clash = session.scalars(
+        select(m.Region).where(
+            m.Region.provider_id == provider.id, m.Region.code == spec.code, m.Region.id != row.id
+        )
+    ).first()
+    if clash is not None:
+        raise InvalidSpec.on(
+            "code", f"provider '{spec.provider}' already has region '{clash.name}' with this code"
+        )
+    row.name, row.provider, row.code = spec.name, provider, spec.code
+    row.jurisdiction, row.latitude, row.longitude = spec.jurisdiction, spec.latitude, spec.longitude
+
+
+def _check_delete_region(session: Session, row: m.Region, force: bool) -> None:
+    pools = list(session.scalars(select(m.Pool).where(m.Pool.region_id == row.id)))
+    _refuse_if(pools, "has pools", "delete those pools first")
+    clusters = list(session.scalars(select(m.Cluster).where(m.Cluster.region_id == row.id)))
+    _refuse_if(clusters, "hosts clusters", "delete those clusters first")
+
+
+# GPU types ---------------------------------------------------------------------------------
+
+
+def _load_gpu_type(row: m.GpuType) -> dict[str, Any]:
+    return {"name": row.name, "memory_gib": row.memory_gib}
+
+
+def _apply_gpu_type(session: Session, row: m.GpuType, spec: GpuTypeSpec) -> None:
+    row.name, row.memory_gib = spec.name, spec.memory_gib
+
+
+def _check_delete_gpu_type(session: Session, row: m.GpuType, force: bool) -> None:
+    pools = list(session.scalars(select(m.Pool).where(m.Pool.gpu_type_id == row.id)))
+    _refuse_if(pools, "used by pools", "delete those pools first")
+    users = list(session.scalars(select(m.Deployment).where(m.Deployment.gpu_types.contains([row.name]))))
+    _refuse_if(users, "accepted by deployments", "remove it from their gpu_types first")
+
+
+# pools -------------------------------------------------------------------------------------
+
+_POOL_OPTIONAL = (
+    "instance_type", "term_start", "term_end", "committed_gpus", "capacity_reservation_id",
+    "quota_gpus", "interruptions_per_hour", "notice_seconds",
+)  # fmt: skip
+
+
+def _load_pool(row: m.Pool) -> dict[str, Any]:
+    spec = {
+        "name": row.name,
+        "provider": row.provider.name,
+        "region": row.region.name,
+        "gpu_type": row.gpu_type.name,
+        "purchase_type": row.purchase_type,
+        "gpus": row.gpus,
+        "gpus_per_instance": row.gpus_per_instance,
+        "price_per_gpu_hour": row.price_per_gpu_hour,
+    }
+    spec.update({k: getattr(row, k) for k in _POOL_OPTIONAL if getattr(row, k) is not None})
+    return spec
+
+
+def _apply_pool(session: Session, row: m.Pool, spec: PoolSpec) -> None:
+    provider = _by_name(session, m.Provider, spec.provider, "provider")
+    region = _by_name(session, m.Region, spec.region, "region")
+    if region.provider_id != provider.id:
+        raise InvalidSpec.on(
+            "region",
+            f"region '{region.name}' belongs to provider '{region.provider.name}', not "
+            f"'{provider.name}'; pick a region of '{provider.name}'",
+        )
+    gpu_type = session.scalars(select(m.GpuType).where(m.GpuType.name == spec.gpu_type)).first()
+    if gpu_type is None:
+        known = ", ".join(session.scalars(select(m.GpuType.name).order_by(m.GpuType.name)))
+        raise InvalidSpec.on(
+            "gpu_type", f"unknown GPU type '{spec.gpu_type}'; known: {known or 'none yet'}"
+        )
+    row.name, row.provider, row.region, row.gpu_type = spec.name, provider, region, gpu_type
+    row.purchase_type = spec.purchase_type.value
+    row.gpus, row.gpus_per_instance = spec.gpus, spec.gpus_per_instance
+    row.price_per_gpu_hour = spec.price_per_gpu_hour
+    for key in _POOL_OPTIONAL:
+        setattr(row, key, getattr(spec, key))
+
+
+def _check_delete_pool(session: Session, row: m.Pool, force: bool) -> None:
+    held = list(
+        session.scalars(
+            select(m.Instance).where(m.Instance.pool_id == row.id, m.Instance.state != "terminated")
+        )
+    )
+    if held:
+        raise InUse(
+            f"still holds {len(held)} instance(s); release them first (scale its deployments "
+            "down or remove the pool from its clusters and wait for release)"
+        )
+    clusters = list(
+        session.scalars(
+            select(m.Cluster).join(m.cluster_pools).where(m.cluster_pools.c.pool_id == row.id)
+        )
+    )
+    _refuse_if(clusters, "drawn on by clusters", "remove it from their pools first")
+
+
+# clusters ----------------------------------------------------------------------------------
+
+
+def _load_cluster(row: m.Cluster) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": row.name,
+        "region": row.region.name,
+        "pools": sorted(p.name for p in row.pools),
+        "cordoned": row.state == "cordoned" or bool(row.status.get("cordoned")),
+    }
+    if row.endpoint:
+        spec["endpoint"] = row.endpoint
+    return spec
+
+
+def _apply_cluster(session: Session, row: m.Cluster, spec: ClusterSpec) -> None:
+    region = _by_name(session, m.Region, spec.region, "region")
+    pools = [_by_name(session, m.Pool, name, "pools") for name in spec.pools]
+    row.name, row.region, row.pools = spec.name, region, pools
+    row.endpoint = str(spec.endpoint) if spec.endpoint else None
+    row.status = {**(row.status or {}), "cordoned": spec.cordoned}
+
+
+def _check_delete_cluster(session: Session, row: m.Cluster, force: bool) -> None:
+    replicas = list(session.scalars(select(m.Replica).where(m.Replica.cluster_id == row.id)))
+    if replicas and not force:
+        raise InUse(
+            f"still runs {len(replicas)} replica(s); drain it first (cordoned: true) or "
+            "delete with ?force=true"
+        )
+
+
+# deployments -------------------------------------------------------------------------------
+
+
+def _load_deployment(row: m.Deployment) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "model_id": row.model_id,
+        "model_revision": row.model_revision,
+        "engine_image": row.engine_image,
+        "engine_args": row.engine_args,
+        "gpus_per_replica": row.gpus_per_replica,
+        "gpu_types": row.gpu_types,
+        "autoscaling": row.autoscaling,
+        "placement": row.placement,
+        "priority": row.priority,
+        "traffic": row.traffic,
+    }
+
+
+def _apply_deployment(session: Session, row: m.Deployment, spec: DeploymentSpec) -> None:
+    known = set(session.scalars(select(m.GpuType.name)))
+    for i, name in enumerate(spec.gpu_types):
+        if name not in known:
+            raise InvalidSpec.on(
+                f"gpu_types[{i}]",
+                f"unknown GPU type '{name}'; known: {', '.join(sorted(known)) or 'none yet'}",
+            )
+    regions = set(session.scalars(select(m.Region.name)))
+    for i, name in enumerate(spec.placement.allowed_regions):
+        if name not in regions:
+            raise InvalidSpec.on(f"placement.allowed_regions[{i}]", f"no region named '{name}'")
+    for name in spec.traffic:
+        if name not in regions:
+            raise InvalidSpec.on(f"traffic.{name}", f"no region named '{name}'")
+    for key, value in spec.model_dump(mode="json").items():
+        setattr(row, key, value)
+
+
+def _check_delete_deployment(session: Session, row: m.Deployment, force: bool) -> None:
+    count = session.scalar(
+        select(func.count()).select_from(m.Replica).where(m.Replica.deployment_id == row.id)
+    )
+    if count and not force:
+        raise InUse(
+            f"still has {count} replica(s); scale it to zero first or delete with ?force=true"
+        )
+    if force:
+        session.query(m.Replica).filter(m.Replica.deployment_id == row.id).delete()
+
+
+# tokens ------------------------------------------------------------------------------------
+
+
+def _load_token(row: m.ApiToken) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": row.name, "role": row.role}
+    if row.description is not None:
+        spec["description"] = row.description
+    if row.expires_at is not None:
+        spec["expires_at"] = row.expires_at
+    return spec
+
+
+def _apply_token(session: Session, row: m.ApiToken, spec: TokenSpec) -> None:
+    if row.role == Role.admin and spec.role != Role.admin:
+        _keep_one_admin(session, row, "demote")
+    row.name, row.role = spec.name, spec.role.value
+    row.description, row.expires_at = spec.description, spec.expires_at
+
+
+def _keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
+    others = session.scalar(
+        select(func.count())
+        .select_from(m.ApiToken)
+        .where(m.ApiToken.role == Role.admin, m.ApiToken.id != row.id, ~m.ApiToken.disabled)
+    )
+    if not others:
+        raise InUse(f"cannot {verb} the last admin token; create another admin token first")
+
+
+def _check_delete_token(session: Session, row: m.ApiToken, force: bool) -> None:
+    if row.role == Role.admin:
+        _keep_one_admin(session, row, "delete")
+
+
+KINDS: dict[str, ResourceKind] = {
+    k.path: k
+    for k in (
+        ResourceKind(
+            "Provider", "providers", m.Provider, ProviderSpec, Role.admin,
+            _load_provider, _apply_provider, _check_delete_provider,
+            {
+                "kind": _eq(m.Provider.kind),
+                "provider_class": _eq(m.Provider.provider_class),
+                "certification": _contains(m.Provider.certifications),
+            },
+        ),
+        ResourceKind(
+            "Region", "regions", m.Region, RegionSpec, Role.admin,
+            _load_region, _apply_region, _check_delete_region,
+            {"provider": _ref(m.Region.provider_id, m.Provider), "jurisdiction": _eq(m.Region.jurisdiction)},
+        ),
+        ResourceKind(
+            "GpuType", "gpu-types", m.GpuType, GpuTypeSpec, Role.admin,
+            _load_gpu_type, _apply_gpu_type, _check_delete_gpu_type,
+        ),
+        ResourceKind(
+            "Pool", "pools", m.Pool, PoolSpec, Role.operator,
+            _load_pool, _apply_pool, _check_delete_pool,
+            {
+                "provider": _ref(m.Pool.provider_id, m.Provider),
+                "region": _ref(m.Pool.region_id, m.Region),
+                "gpu_type": _ref(m.Pool.gpu_type_id, m.GpuType),
+                "purchase_type": _eq(m.Pool.purchase_type),
+            },
+        ),
+        ResourceKind(
+            "Cluster", "clusters", m.Cluster, ClusterSpec, Role.operator,
+            _load_cluster, _apply_cluster, _check_delete_cluster,
+            {"region": _ref(m.Cluster.region_id, m.Region), "state": _eq(m.Cluster.state)},
+        ),
+        ResourceKind(
+            "Deployment", "deployments", m.Deployment, DeploymentSpec, Role.operator,
+            _load_deployment, _apply_deployment, _check_delete_deployment,
+            {"model_id": _eq(m.Deployment.model_id), "gpu_type": _contains(m.Deployment.gpu_types)},
+        ),
+        ResourceKind(
+            "Token", "tokens", m.ApiToken, TokenSpec, Role.admin,
+            _load_token, _apply_token, _check_delete_token,
+            {"role": _eq(m.ApiToken.role)}, read_role=Role.admin,
+        ),
+    )
+}  # fmt: skip
+
+KIND_BY_NAME: dict[str, ResourceKind] = {k.kind.lower(): k for k in KINDS.values()}

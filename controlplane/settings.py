@@ -1,0 +1,41 @@
+"""Settings for every control-plane process, read from `GPUFLEET_*` environment variables.
+
+A URL left empty means "start the embedded server" (PostgreSQL, NATS, Redis) under `data_dir`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/gpufleet. "
+        "Empty: `gpufleet up` starts an embedded PostgreSQL.",
+    )
+    nats_url: str = Field(default="", description="Empty: `gpufleet up` starts nats-server.")
+    redis_url: str = Field(default="", description="Empty: `gpufleet up` starts redis-server.")
+    data_dir: Path = Field(default=Path(".gpufleet"), description="State of the local fleet.")
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    postgres_port: int = 5433
+    nats_port: int = 4223
+    redis_port: int = 6380
+    dashboard_port: int = 8080
+    db_pool_size: int = 10
+    page_size_max: int = 500
+    cluster_stale_after_s: float = 15.0
+    cluster_down_after_s: float = 60.0
+    load_demo_fleet: bool = True
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,29 @@
+"""The Runtime protocol: the only way the agent touches replicas."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from controlplane.contracts import ReplicaStatus, RevisionSpec
+
+
+class Runtime(Protocol):
+    """Runs replicas of deployment revisions on this cluster.
+
+    Rules every implementation keeps:
+    - ``start`` returns quickly with the new replica in state ``starting``; it becomes
+      ``ready`` (or ``failed``) later, as ``list_replicas`` shows.
+    - ``stop`` kills a replica now; ``drain`` stops sending it new requests, lets in-flight
+      ones finish, then stops it. Both are silent if the replica is already gone.
+    - ``list_replicas`` returns every replica the runtime runs, including ones started by a
+      previous agent process (the agent adopts them: restarting the agent must not restart
+      replicas). A stopped replica disappears from the list.
+    """
+
+    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus: ...
+
+    async def stop(self, replica_id: str) -> None: ...
+
+    async def drain(self, replica_id: str) -> None: ...
+
+    async def list_replicas(self) -> list[ReplicaStatus]: ...

@@ -1,0 +1,51 @@
+"""A runtime that only keeps replicas in memory (development, bus tests, benchmarks).
+
+Replicas become ``ready`` the first time they are listed after ``start``; ``drain`` and
+``stop`` remove them at once. It runs no model: use it where only control flow matters.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from controlplane.contracts import ReplicaStatus, RevisionSpec
+
+
+class InMemoryRuntime:
+    def __init__(self, ready_on_list: bool = True) -> None:
+        self._replicas: dict[str, ReplicaStatus] = {}
+        self._ids = itertools.count(1)
+        self._ready_on_list = ready_on_list
+        self.started = 0
+        self.stopped = 0
+        self.drained = 0
+
+    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+        replica_id = f"{deployment}-{spec.revision}-{next(self._ids)}"
+        replica = ReplicaStatus(
+            replica_id=replica_id, deployment=deployment, revision=spec.revision, state="starting"
+        )
+        self._replicas[replica_id] = replica
+        self.started += 1
+        return replica
+
+    async def stop(self, replica_id: str) -> None:
+        if self._replicas.pop(replica_id, None) is not None:
+            self.stopped += 1
+
+    async def drain(self, replica_id: str) -> None:
+        if self._replicas.pop(replica_id, None) is not None:
+            self.drained += 1
+
+    async def list_replicas(self) -> list[ReplicaStatus]:
+        if self._ready_on_list:
+            for replica_id, replica in list(self._replicas.items()):
+                if replica.state == "starting":
+                    self._replicas[replica_id] = replica.model_copy(
+                        update={"state": "ready", "endpoint": f"memory://{replica_id}"}
+                    )
+        return list(self._replicas.values())
+
+    def set_state(self, replica_id: str, state: str) -> None:
+        """Test hook: force a replica into a state (e.g. ``failed``)."""
+        self._replicas[replica_id] = self._replicas[replica_id].model_copy(update={"state": state})

@@ -1,0 +1,67 @@
+"""The agent's memory across restarts: the last desired state, persisted atomically.
+
+Static stability: with NATS or the control plane unreachable, the agent keeps reconciling
+against this snapshot. Generations only move forward: ``should_apply`` refuses anything
+not newer than what the agent already holds, so a late or replayed snapshot changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from controlplane.contracts import DesiredState, RejectedMessageError, decode_desired, encode
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "desired-state.json"
+
+
+def should_apply(current: DesiredState | None, incoming: DesiredState, cluster: str) -> bool:
+    """True if ``incoming`` is for this cluster and newer than ``current``."""
+    if incoming.cluster != cluster:
+        return False
+    return current is None or incoming.generation > current.generation
+
+
+class DesiredStateStore:
+    """One JSON file in ``state_dir``; written via temp file + fsync + rename."""
+
+    def __init__(self, state_dir: Path, *, fsync: bool = True) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / STATE_FILE
+        self._fsync = fsync
+
+    def load(self) -> DesiredState | None:
+        """The saved snapshot, or None if there is none or it cannot be read (logged)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return decode_desired(data)
+        except RejectedMessageError as exc:
+            log.error("ignoring unreadable %s (%s); waiting for the control plane", self.path, exc)
+            return None
+
+    def save(self, state: DesiredState) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".desired-", dir=self.state_dir)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(encode(state))
+                if self._fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if self._fsync:
+            dir_fd = os.open(self.state_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
