@@ -138,8 +138,12 @@ class State:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What to do now (``action``) and why; ``desired_replicas`` is the target, always in
+    [min, max]. It differs from ``current_replicas`` under HOLD only while failed starts back
+    off: the caller starts nothing until ``backoff_until``."""
+
     action: ScaleAction
-    desired_replicas: int  # what the runtime should reconcile to now
+    desired_replicas: int
     current_replicas: int  # ready + starting
     ready_replicas: int
     unconstrained_desired: int  # demand before clamping to [min, max]
@@ -214,7 +218,7 @@ def decide(policy: Policy, state: State, signals: Signals, now: datetime) -> tup
                 f"hold at {current} (want {up_to}): backing off after {state.failed_starts} "
                 f"failed start(s), next try in {state.backoff_until - t:.0f}s"
             )
-            return decision(ScaleAction.HOLD, current, reason), calm
+            return decision(ScaleAction.HOLD, up_to, reason), calm
         reason = f"scale up {current}->{up_to}: {why}"
         if up_to == floor and floor > demand:
             reason = f"scale up {current}->{up_to}: min replicas {floor}"

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from workloadplane.autoscaling import Decision, Policy, ReplicaSignal, Signals, State, decide
+from workloadplane.autoscaling import (
+    Decision,
+    Policy,
+    ReplicaSignal,
+    ScaleAction,
+    Signals,
+    State,
+    decide,
+)
 
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)  # a Monday
 
@@ -40,6 +48,8 @@ class PolicyController:
     def step(self, now: datetime, signals: Signals) -> tuple[int, tuple[str, ...]]:
         decision, self.state = decide(self.policy, self.state, signals, now)
         self.decisions.append(((now - EPOCH).total_seconds(), decision))
+        if decision.action == ScaleAction.HOLD:
+            return decision.current_replicas, ()
         return decision.desired_replicas, decision.drain
 
 
@@ -104,7 +114,9 @@ def _signals(replicas: list[_Replica], t: float, demand: int, target: float) -> 
     return Signals(replicas=tuple(out), queued=left)
 
 
-def _remove(replicas: list[_Replica], t: float, count: int, drain: tuple[str, ...]) -> list[_Replica]:
+def _remove(
+    replicas: list[_Replica], t: float, count: int, drain: tuple[str, ...]
+) -> list[_Replica]:
     chosen = [r for r in replicas if r.replica_id in drain][:count]
     # Controllers that name no replicas lose the newest (starting ones first) instead.
     rest = [r for r in reversed(replicas) if r not in chosen]
