@@ -113,25 +113,34 @@ class Tables:
         return row
 
     def _compute_mask(self, dep: Deployment) -> np.ndarray:
-        """Vectorised twin of binding_constraint() over all pools."""
+        return self.stage_masks(dep)[-1][1]
+
+    def stage_masks(self, dep: Deployment) -> list[tuple[str, np.ndarray]]:
+        """Cumulative masks, one per static constraint in binding_constraint() order."""
         pol: PlacementPolicy = dep.policy
-        mask = self.usable & (self.gpi >= dep.gpus_per_replica)
+        mask = self.gpi >= dep.gpus_per_replica
         mask &= np.isin(self.pool_type, [self.type_index.get(t, -1) for t in dep.gpu_types])
+        stages = [("gpu_types", mask)]
         if pol.allowed_jurisdictions:
             allowed = [i for j, i in self.juris_index.items() if j in pol.allowed_jurisdictions]
-            mask &= np.isin(self.pool_juris, allowed)
+            mask = mask & np.isin(self.pool_juris, allowed)
+        stages.append(("allowed_jurisdictions", mask))
         if pol.allowed_regions:
             allowed = [self.region_index.get(r, -1) for r in pol.allowed_regions]
-            mask &= np.isin(self.pool_region, allowed)
+            mask = mask & np.isin(self.pool_region, allowed)
+        stages.append(("allowed_regions", mask))
         if pol.required_certifications:
             bits = [self.cert_bits.get(c) for c in pol.required_certifications]
-            if any(b is None for b in bits):
-                return np.zeros_like(mask)
             need = sum(1 << b for b in bits if b is not None)
-            mask &= (self.pool_certs & need) == need
+            if any(b is None for b in bits):
+                mask = np.zeros_like(mask)
+            mask = mask & ((self.pool_certs & need) == need)
+        stages.append(("required_certifications", mask))
         if not pol.spot_allowed or pol.max_spot_fraction <= 0:
-            mask &= ~self.is_spot
-        return mask
+            mask = mask & ~self.is_spot
+        stages.append(("spot_allowed", mask))
+        stages.append(("cluster_health", mask & self.usable))
+        return stages
 
     def jurisdiction_of(self, region: str) -> str:
         return self.inp.regions[self.region_index[region]].jurisdiction

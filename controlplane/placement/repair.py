@@ -1,0 +1,181 @@
+"""Phases after the greedy fill: make room by moving others, displace by priority, improve.
+
+- make_room: for a replica that fits nowhere, find a compatible pool where moving one or a
+  few replicas of other deployments to pools with room frees enough GPUs (an ejection
+  chain of depth one). This is what fixes both constraint crowding (a flexible deployment
+  sat in the only pool a restricted one can use) and GPU-count fragmentation.
+- displace: a higher-priority replica evicts lower-priority ones; the victims are re-placed
+  elsewhere if possible and otherwise reported as displaced.
+- improve: move replicas to cheaper pools with room; a replica kept from the current
+  placement moves only when it saves more than the churn cost.
+Every move is checked against the victim's static constraints, spot budget and spread.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from controlplane.placement.packing import INF, Plan, candidates, fill, spread_ok
+
+MAX_ROOM_POOLS = 24  # pools examined per stuck replica, cheapest first
+MAX_TARGETS = 4  # target pools tried per moved replica
+
+
+def _move_one(plan: Plan, e: int, p: int) -> int | None:
+    """Move one replica of e out of pool p to the cheapest admissible pool; return it."""
+    t = plan.t
+    ok = t.compat(e) & (t.cap - plan.used >= plan.size(e))
+    ok[p] = False
+    if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
+        ok &= ~t.is_spot
+    cost = np.where(ok, t.cost(e), INF)
+    order = np.argsort(cost, kind="stable")[:MAX_TARGETS]
+    for q in order:
+        q = int(q)
+        if not math.isfinite(cost[q]):
+            return None
+        plan.remove(e, p, 1)
+        plan.add(e, q, 1)
+        if spread_ok(plan, e) and plan.spot_budget(e) >= 0:
+            return q
+        plan.remove(e, q, 1)
+        plan.add(e, p, 1)
+    return None
+
+
+def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, int, int]] | None:
+    """Move replicas of others out of p until `need` GPUs are free there; None if it can't."""
+    moves: list[tuple[int, int, int]] = []
+    victims = sorted(
+        (e for e in plan.members[p] if e != protect),
+        key=lambda e: (plan.size(e) < need, plan.size(e), e),
+    )
+    for e in victims:
+        while e in plan.members[p] and plan.t.cap[p] - plan.used[p] < need:
+            q = _move_one(plan, e, p)
+            if q is None:
+                break
+            moves.append((e, p, q))
+        if plan.t.cap[p] - plan.used[p] >= need:
+            return moves
+    for e, src, q in reversed(moves):
+        plan.remove(e, q, 1)
+        plan.add(e, src, 1)
+    return None
+
+
+def make_room(plan: Plan, d: int) -> bool:
+    """Free a compatible pool for one more replica of d by moving others; True if done."""
+    t = plan.t
+    s = plan.size(d)
+    free = t.cap - plan.used
+    ok = t.compat(d) & (free < s) & (t.cap >= s)
+    if plan.spot_budget(d) <= 0:
+        ok &= ~t.is_spot
+    cost = np.where(ok, t.cost(d), INF)
+    for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
+        p = int(p)
+        if not math.isfinite(cost[p]):
+            return False
+        if _free_pool(plan, p, s, protect=d) is not None:
+            return True
+    return False
+
+
+def place_hard(plan: Plan, d: int, k: int) -> int:
+    """fill(), then make room for what is left, then displace lower priority; returns placed."""
+    placed = fill(plan, d, k)
+    while placed < k and plan.blocked.get(d) == "capacity":
+        if make_room(plan, d) or displace(plan, d):
+            got = fill(plan, d, 1)
+            if got == 0:
+                break
+            placed += got
+        else:
+            break
+    return placed
+
+
+def displace(plan: Plan, d: int) -> bool:
+    """Evict lower-priority replicas from the cheapest pool where that frees room for d."""
+    t = plan.t
+    deps = t.inp.deployments
+    prio = deps[d].priority
+    s = plan.size(d)
+    ok = t.compat(d) & (t.cap >= s)
+    if plan.spot_budget(d) <= 0:
+        ok &= ~t.is_spot
+    cost = np.where(ok, t.cost(d), INF)
+    for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
+        p = int(p)
+        if not math.isfinite(cost[p]):
+            return False
+        lower = sorted((e for e in plan.members[p] if deps[e].priority < prio),
+                       key=lambda e: (deps[e].priority, plan.size(e), e))
+        room = int(t.cap[p] - plan.used[p])
+        if room + sum(plan.members[p][e] * plan.size(e) for e in lower) < s:
+            continue
+        for e in lower:
+            while e in plan.members[p] and t.cap[p] - plan.used[p] < s:
+                plan.remove(e, p, 1)
+                by = plan.displaced.setdefault(e, {})
+                by[d] = by.get(d, 0) + 1
+        return True
+    return False
+
+
+def rehome_displaced(plan: Plan) -> None:
+    """Give displaced replicas another pool if one has room (then they merely moved)."""
+    for e in sorted(plan.displaced, key=lambda e: (-plan.t.inp.deployments[e].priority, e)):
+        lost = sum(plan.displaced[e].values())
+        got = fill(plan, e, lost)
+        for by in sorted(plan.displaced[e]):
+            take = min(got, plan.displaced[e][by])
+            plan.displaced[e][by] -= take
+            got -= take
+        plan.displaced[e] = {by: n for by, n in plan.displaced[e].items() if n}
+        if not plan.displaced[e]:
+            del plan.displaced[e]
+
+
+def improve(plan: Plan, order: list[int], passes: int = 3) -> None:
+    """Move replicas into cheaper pools with room until no move saves enough."""
+    churn = plan.t.inp.weights.churn_cost_per_gpu_hour
+    for _ in range(passes):
+        moved = False
+        for d in order:
+            if plan.alloc[d]:
+                moved |= _improve_one(plan, d, churn)
+        if not moved:
+            return
+
+
+def _improve_one(plan: Plan, d: int, churn: float) -> bool:
+    t = plan.t
+    s = plan.size(d)
+    cost = t.cost(d)
+    moved = False
+    for p in sorted(plan.alloc[d], key=lambda p: (-cost[p], p)):
+        while p in plan.alloc[d]:
+            kept = plan.kept[d].get(p, 0) > 0
+            best = candidates(plan, d, exclude=p)
+            q = int(np.argmin(best))
+            if not best[q] < cost[p] - (churn if kept else 1e-9):
+                break
+            n = min(plan.alloc[d][p], int(t.cap[q] - plan.used[q]) // s)
+            if kept:
+                n = min(n, plan.kept[d][p])
+            if t.is_spot[q] and not t.is_spot[p]:
+                n = min(n, plan.spot_budget(d))
+            if n <= 0:
+                break
+            plan.remove(d, p, n)
+            plan.add(d, q, n)
+            if not spread_ok(plan, d):
+                plan.remove(d, q, n)
+                plan.add(d, p, n)
+                break
+            moved = True
+    return moved

@@ -1,0 +1,112 @@
+"""Turns a finished Plan into output: assignments with clusters, changes, procurement, cost.
+
+Per-deployment pieces (DeploymentOutput) are built separately so an incremental re-plan
+rebuilds only the deployments it touched and reuses the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.placement.explain import explain
+from controlplane.placement.model import Assignment, Change, Procurement, Unplaced
+from controlplane.placement.packing import Plan
+
+Slots = dict[tuple[str, str], int]  # (cluster, pool) -> replicas
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentOutput:
+    assignments: tuple[Assignment, ...]
+    changes: tuple[Change, ...]
+    unplaced: tuple[Unplaced, ...]
+    cost: float  # list price $/hour
+    objective: float  # effective $/hour
+
+
+def index_current(current: Iterable[Assignment]) -> dict[str, Slots]:
+    out: dict[str, Slots] = {}
+    for a in current:
+        slots = out.setdefault(a.deployment, {})
+        key = (a.cluster, a.pool)
+        slots[key] = slots.get(key, 0) + a.replicas
+    return out
+
+
+def _split_clusters(plan: Plan, d: int, p: int, n: int, cur: Slots) -> list[tuple[str, int]]:
+    """Spread n replicas over the pool's healthy clusters, keeping current ones first."""
+    pid = plan.t.pool_ids[p]
+    healthy = plan.t.healthy_clusters[p]
+    out: list[tuple[str, int]] = []
+    for c in healthy:
+        have = cur.get((c, pid), 0)
+        if have and n:
+            take = min(have, n)
+            out.append((c, take))
+            n -= take
+    if n:
+        if out:
+            out[0] = (out[0][0], out[0][1] + n)
+        else:
+            out.append((healthy[0], n))
+    return out
+
+
+def _changes(name: str, old: Slots, new: Slots) -> tuple[Change, ...]:
+    removed = sorted((k, n - new.get(k, 0)) for k, n in old.items() if n > new.get(k, 0))
+    added = sorted((k, n - old.get(k, 0)) for k, n in new.items() if n > old.get(k, 0))
+    out: list[Change] = []
+    i = j = 0
+    while i < len(removed) and j < len(added):
+        (fc, fp), rn = removed[i]
+        (tc, tp), an = added[j]
+        n = min(rn, an)
+        out.append(Change("move", name, n, fc, fp, tc, tp))
+        removed[i] = ((fc, fp), rn - n)
+        added[j] = ((tc, tp), an - n)
+        i += removed[i][1] == 0
+        j += added[j][1] == 0
+    out += [Change("remove", name, n, c, p) for (c, p), n in removed[i:] if n]
+    out += [Change("add", name, n, None, None, c, p) for (c, p), n in added[j:] if n]
+    return tuple(out)
+
+
+def deployment_output(plan: Plan, d: int, cur: Slots) -> DeploymentOutput:
+    t = plan.t
+    dep = t.inp.deployments[d]
+    s = dep.gpus_per_replica
+    new: Slots = {}
+    cost = objective = 0.0
+    row = t.cost(d)
+    for p in sorted(plan.alloc[d]):
+        n = plan.alloc[d][p]
+        cost += n * s * float(t.price[p])
+        objective += n * s * float(row[p])
+        for c, k in _split_clusters(plan, d, p, n, cur):
+            new[(c, t.pool_ids[p])] = k
+    assignments = tuple(Assignment(dep.name, c, pid, n) for (c, pid), n in sorted(new.items()))
+    return DeploymentOutput(
+        assignments, _changes(dep.name, cur, new), explain(plan, d), round(cost, 6), objective
+    )
+
+
+def removed_deployment_changes(name: str, cur: Slots) -> tuple[Change, ...]:
+    return _changes(name, cur, {})
+
+
+def procurement(plan: Plan) -> tuple[Procurement, ...]:
+    """GPUs to buy per pool: what the plan uses beyond capacity, in whole instances."""
+    t = plan.t
+    need = plan.used - t.capacity
+    out: list[Procurement] = []
+    for p in np.flatnonzero(need > 0):
+        p = int(p)
+        pool = t.inp.pools[p]
+        gpi = pool.gpus_per_instance
+        gpus = min(math.ceil(int(need[p]) / gpi) * gpi, pool.procurable_gpus)
+        out.append(Procurement(pool.id, gpus, math.ceil(gpus / gpi)))
+    return tuple(out)

@@ -1,0 +1,64 @@
+"""Every change leaves an audit entry; token secrets never leave the creation response."""
+
+from __future__ import annotations
+
+import logging
+
+from tests.integration.api import builders as b
+
+
+def test_every_mutation_is_audited_with_actor_before_and_after(admin, operator):
+    b.seed(admin)
+    operator.post("deployments", b.deployment())
+    operator.put("deployments/chat-llm", b.deployment(priority=500))
+    operator.put("deployments/chat-llm", b.deployment(priority=500))  # unchanged: no entry
+    operator.patch("deployments/chat-llm", {"priority": 600})
+    operator.delete("deployments/chat-llm")
+
+    entries = admin.get("audit", resource_kind="Deployment").json()["items"]
+    assert [e["action"] for e in entries] == ["delete", "update", "update", "create"]
+    assert {e["actor"] for e in entries} == {"token:operator-token"}
+    delete, patch, put, create = entries
+    assert create["before"] is None and create["after"]["priority"] == 100
+    assert (put["before"]["priority"], put["after"]["priority"]) == (100, 500)
+    assert (patch["before"]["priority"], patch["after"]["priority"]) == (500, 600)
+    assert delete["after"] is None and delete["before"]["name"] == "chat-llm"
+
+    seeded = admin.get("audit", actor="token:admin-token").json()["items"]
+    assert {e["resource_kind"] for e in seeded} == {"Provider", "Region", "GpuType", "Pool", "Cluster"}
+
+
+def test_token_secret_is_shown_once_and_never_again(admin, caplog):
+    caplog.set_level(logging.DEBUG)
+    created = admin.post("tokens", {"name": "ci-bot", "role": "operator"})
+    assert created.status_code == 201
+    secret = created.json()["token"]
+    assert secret.startswith("gpf_")
+
+    seen = [
+        admin.get("tokens").text,
+        admin.get("tokens/ci-bot").text,
+        admin.patch("tokens/ci-bot", {"description": "deploys from CI"}).text,
+        admin.get("audit").text,
+        admin.get("events").text,
+    ]
+    for text in seen:
+        assert secret not in text
+        assert secret[4:] not in text
+    assert secret not in caplog.text
+    assert created.json()["status"]["prefix"] == secret[:10]
+
+    bot = admin.__class__(admin.client, secret)
+    assert bot.get("pools").status_code == 200
+    assert bot.post("tokens", {"name": "escalate", "role": "admin"}).status_code == 403
+
+
+def test_the_last_admin_token_cannot_be_removed(admin, session_factory):
+    from controlplane.services.tokens import ensure_admin_token
+
+    assert admin.delete("tokens/viewer-token").status_code == 204
+    refused = admin.delete("tokens/admin-token")
+    assert refused.status_code == 409
+    assert "create another admin token first" in refused.json()["detail"]
+    with session_factory() as s, s.begin():
+        assert ensure_admin_token(s) is None  # tokens exist: no second bootstrap token

@@ -1,0 +1,178 @@
+"""Stories of a platform engineer managing the fleet inventory through the admin API."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.api import builders as b
+
+
+def test_create_get_by_id_and_name_list_and_delete_a_pool(operator, admin):
+    b.seed(admin)
+    created = operator.post("pools", b.pool("aws-use1-h100-spot", purchase_type="spot", quota_gpus=None,
+                                            interruptions_per_hour="0.05", notice_seconds=120))  # fmt: skip
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["generation"] == 1
+    assert body["price_per_gpu_hour"] == "3.933750"  # exact decimal, as a string
+    assert created.headers["etag"] == '"1"'
+
+    assert operator.get(f"pools/{body['id']}").json()["name"] == "aws-use1-h100-spot"
+    assert operator.get("pools/aws-use1-h100-spot").json()["id"] == body["id"]
+    names = [p["name"] for p in operator.get("pools").json()["items"]]
+    assert names == ["aws-use1-h100-od", "aws-use1-h100-spot"]
+
+    assert operator.delete("pools/aws-use1-h100-spot").status_code == 204
+    missing = operator.get("pools/aws-use1-h100-spot")
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == "application/problem+json"
+
+
+def test_list_filters_and_pagination_walk_every_object_once(admin):
+    b.seed(admin)
+    for i in range(7):
+        kind = "spot" if i % 2 else "on_demand"
+        extra = {"quota_gpus": None, "interruptions_per_hour": "0.1"} if kind == "spot" else {}
+        assert admin.post("pools", b.pool(f"p-{i}", purchase_type=kind, **extra)).status_code == 201
+
+    spot = admin.get("pools", purchase_type="spot").json()["items"]
+    assert [p["name"] for p in spot] == ["p-1", "p-3", "p-5"]
+    assert admin.get("pools", region="aws-us-east-1", gpu_type="H100-80G").json()["items"]
+
+    seen, cursor = [], None
+    while True:
+        page = admin.get("pools", limit=3, **({"cursor": cursor} if cursor else {})).json()
+        seen += [p["name"] for p in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(["aws-use1-h100-od"] + [f"p-{i}" for i in range(7)])
+
+    unknown = admin.get("pools", colour="blue")
+    assert unknown.status_code == 400
+    assert "allowed filters" in unknown.json()["detail"]
+
+
+def test_put_is_idempotent_and_patch_bumps_generation_only_on_change(operator, admin):
+    b.seed(admin)
+    body = b.deployment()
+    first = operator.put("deployments/chat-llm", body)
+    assert first.status_code == 201
+    again = operator.put("deployments/chat-llm", body)
+    assert again.status_code == 200
+    assert again.json()["generation"] == 1
+
+    patched = operator.patch("deployments/chat-llm", {"autoscaling": {"max_replicas": 8}})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["generation"] == 2
+    assert patched.json()["autoscaling"]["max_replicas"] == 8
+    assert patched.json()["autoscaling"]["min_replicas"] == 1  # merge patch keeps the rest
+    assert patched.json()["status"]["revision"] == 1  # scaling is not a new revision
+
+    new_model = operator.patch("deployments/chat-llm", {"model_revision": "v2"})
+    assert new_model.json()["status"]["revision"] == 2
+    revisions = operator.get("deployments/chat-llm/revisions").json()["items"]
+    assert [r["revision"] for r in revisions] == [1, 2]
+    assert revisions[1]["spec"]["model_revision"] == "v2"
+
+
+def test_stale_if_match_is_a_conflict_and_fresh_one_succeeds(operator, admin):
+    b.seed(admin)
+    current = operator.get("clusters/use1-a")
+    etag = current.headers["etag"]
+    ok = operator.patch("clusters/use1-a", {"cordoned": True}, **{"If-Match": etag})
+    assert ok.status_code == 200
+    stale = operator.patch("clusters/use1-a", {"cordoned": False}, **{"If-Match": etag})
+    assert stale.status_code == 409
+    assert "generation 2, not 1" in stale.json()["detail"]
+    assert operator.delete("clusters/use1-a", **{"If-Match": '"1"'}).status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "hint"),
+    [
+        ("pools", b.pool(gpus=-1), "gpus", "greater than or equal to 0"),
+        ("pools", b.pool(price_per_gpu_hour="-0.5"), "price_per_gpu_hour", "greater than or equal"),
+        ("pools", b.pool("p-new", gpu_type="TPU-v9"), "gpu_type", "known: H100-80G"),
+        ("pools", b.reserved_pool(term_end="2025-01-01T00:00:00Z"), "body", "term_end must be after"),
+        ("pools", b.pool("p-new", notice_seconds=30), "body", "notice_seconds applies to spot pools only"),
+        ("pools", b.pool("p-new", region="nowhere"), "region", "no region named 'nowhere'"),
+        ("deployments", b.deployment(autoscaling={"min_replicas": 4, "max_replicas": 2}),
+         "autoscaling", "raise max_replicas"),
+        ("deployments", b.deployment(placement={"allowed_jurisdictions": ["XX"]}),
+         "placement.allowed_jurisdictions", "ISO 3166-1"),
+        ("deployments", b.deployment(gpu_types=["B300"]), "gpu_types[0]", "unknown GPU type"),
+        ("regions", b.region("gcp-x", jurisdiction="ZZ"), "jurisdiction", "ISO 3166-1"),
+        ("providers", b.provider("p2", credentials_ref="AKIAIOSFODNN7EXAMPLE"), "credentials_ref", "pattern"),
+        ("providers", b.provider("p3", colour="red"), "colour", "unknown field"),
+    ],
+)  # fmt: skip
+def test_validation_errors_name_the_field_and_the_fix(admin, path, body, field, hint):
+    b.seed(admin)
+    response = admin.post(path, body)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert response.headers["content-type"] == "application/problem+json"
+    fields = {e["field"]: e["message"] for e in problem["errors"]}
+    assert field in fields, problem
+    assert hint in fields[field]
+
+
+def test_bad_json_is_a_400_problem_not_a_500(admin):
+    response = admin.client.post(
+        "/api/v1/providers", content=b"{not json", headers=admin.headers | {"Content-Type": "application/json"}
+    )  # fmt: skip
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["detail"]
+
+
+def test_deleting_something_in_use_is_a_conflict_with_the_reason(admin):
+    b.seed(admin)
+    provider = admin.delete("providers/aws-main")
+    assert provider.status_code == 409
+    assert "aws-use1-h100-od" in provider.json()["detail"]
+    pool = admin.delete("pools/aws-use1-h100-od")
+    assert pool.status_code == 409
+    assert "use1-a" in pool.json()["detail"]
+    gpu = admin.delete("gpu-types/H100-80G")
+    assert gpu.status_code == 409
+
+
+def test_deleting_a_deployment_with_replicas_needs_force(admin, session_factory):
+    from controlplane.db import models as m
+
+    b.seed(admin)
+    dep = admin.post("deployments", b.deployment()).json()
+    cluster = admin.get("clusters/use1-a").json()
+    with session_factory() as s, s.begin():
+        s.add(m.Replica(name="chat-llm-0", deployment_id=dep["id"], cluster_id=cluster["id"]))
+    refused = admin.delete("deployments/chat-llm")
+    assert refused.status_code == 409
+    assert "?force=true" in refused.json()["detail"]
+    assert admin.delete("deployments/chat-llm?force=true").status_code == 204
+    assert admin.get("replicas").json()["items"] == []
+
+
+def test_a_duplicate_name_is_a_conflict_pointing_to_put(admin):
+    b.seed(admin)
+    again = admin.post("providers", b.provider())
+    assert again.status_code == 409
+    assert "PUT /api/v1/providers/aws-main" in again.json()["detail"]
+
+
+def test_read_only_collections_list_and_filter(admin, session_factory):
+    from controlplane.db import models as m
+
+    b.seed(admin)
+    with session_factory() as s, s.begin():
+        s.add(m.Event(type="ClusterDown", object_kind="Cluster", object_name="use1-a", message="x"))
+        s.add(m.Event(type="PlacementChanged", object_kind="Placement", message="y"))
+    events = admin.get("events", object_kind="Cluster").json()["items"]
+    assert [e["type"] for e in events] == ["ClusterDown"]
+    assert admin.get("events", limit=1).json()["next_cursor"] is not None
+
+
+def test_health_needs_no_token_and_readiness_checks_the_database(app_client):
+    assert app_client.get("/healthz").json() == {"status": "ok"}
+    assert app_client.get("/readyz").status_code == 200
+    assert "/api/v1/pools" in app_client.get("/api/v1/openapi.json").json()["paths"]

@@ -1,0 +1,136 @@
+"""Desired state reaches the agent, once, in order, through duplicates and NATS restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlplane.bus import InMemorySink, ReportConsumer, publish_desired
+from controlplane.contracts import DesiredStateApplied, ReplicaStarted, desired_key, encode
+from tests.integration.bus.builders import make_desired, start_agent
+from tests.integration.bus.conftest import Bus, eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+def applied(sink: InMemorySink, cluster: str) -> list[int]:
+    return [f.generation for c, f in sink.facts if c == cluster and isinstance(f, DesiredStateApplied)]
+
+
+async def test_desired_change_reaches_agent_and_is_acknowledged(bus: Bus, consumer, tmp_path: Path):
+    _, sink = consumer
+    running = start_agent("a", bus.url, bus.clusters["a"], tmp_path / "agent")
+    try:
+        result = await publish_desired(bus.kv, make_desired("a", 1, replicas=2))
+        assert result.outcome == "published"
+        await eventually(lambda: 1 in applied(sink, "a"), what="DesiredStateApplied(1)")
+        assert len(await running.runtime.list_replicas()) == 2
+        await eventually(
+            lambda: sum(isinstance(f, ReplicaStarted) for _, f in sink.facts) == 2,
+            what="two ReplicaStarted facts",
+        )
+        await eventually(
+            lambda: any(o.observed_generation == 1 for _, o in sink.observed),
+            what="a heartbeat reporting generation 1",
+        )
+        # The snapshot was persisted before it was acted on.
+        assert running.agent.store.load() == make_desired("a", 1, replicas=2).model_copy(
+            update={"id": running.agent.desired.id, "time": running.agent.desired.time}
+        )
+    finally:
+        await running.close()
+
+
+async def test_duplicates_and_late_older_generation_change_nothing(
+    bus: Bus, consumer, tmp_path: Path
+):
+    _, sink = consumer
+    running = start_agent("a", bus.url, bus.clusters["a"], tmp_path / "agent")
+    try:
+        newest = make_desired("a", 2, replicas=3)
+        await publish_desired(bus.kv, newest)
+        await eventually(lambda: 2 in applied(sink, "a"), what="generation 2 applied")
+        replicas_before = {r.replica_id for r in await running.runtime.list_replicas()}
+
+        # The publisher refuses to go backwards or to repeat itself...
+        assert (await publish_desired(bus.kv, make_desired("a", 1))).outcome == "stale"
+        assert (await publish_desired(bus.kv, make_desired("a", 2))).outcome == "stale"
+        # ...and the agent ignores an older or duplicate snapshot that arrives anyway.
+        await bus.kv.put(desired_key("a"), encode(make_desired("a", 1, replicas=1)))
+        await bus.kv.put(desired_key("a"), encode(newest))
+        marker = make_desired("a", 3, replicas=3)
+        await bus.kv.put(desired_key("a"), encode(marker))
+        await eventually(lambda: 3 in applied(sink, "a"), what="generation 3 applied")
+
+        assert running.agent.desired is not None
+        assert running.agent.desired.generation == 3
+        assert applied(sink, "a") == [2, 3]
+        assert {r.replica_id for r in await running.runtime.list_replicas()} == replicas_before
+        assert running.runtime.started == 3
+    finally:
+        await running.close()
+
+
+async def test_nats_restart_mid_stream_agent_ends_on_newest(bus: Bus, tmp_path: Path):
+    running = start_agent("a", bus.url, bus.clusters["a"], tmp_path / "agent")
+    newest = 30
+    try:
+        for generation in range(1, newest + 1):
+            if generation == 12:
+                await bus.nc.flush()
+                bus.server.restart()
+            state = make_desired("a", generation, replicas=1 + generation % 3)
+            await eventually(lambda s=state: _try_publish(bus, s), timeout=10,
+                             what=f"publishing generation {generation}")  # fmt: skip
+        await eventually(
+            lambda: running.agent.applied_generation == newest, timeout=10,
+            what="agent on the newest generation",
+        )  # fmt: skip
+        assert running.agent.desired is not None
+        assert running.agent.desired.generation == newest
+        assert len(await running.runtime.list_replicas()) == 1 + newest % 3
+    finally:
+        await running.close()
+
+
+async def _try_publish(bus: Bus, state) -> bool:
+    try:
+        await publish_desired(bus.kv, state)
+    except Exception:
+        return False
+    return True
+
+
+async def test_controlplane_consumer_restart_loses_nothing(bus: Bus, tmp_path: Path):
+    first = InMemorySink()
+    consumer = ReportConsumer(bus.js, first)
+    await consumer.start()
+    agent_nc = await bus.connect(bus.clusters["a"])
+    agent_js = agent_nc.jetstream()
+    sent = []
+
+    async def send(generation: int) -> None:
+        fact = DesiredStateApplied(cluster="a", source="cluster/a", generation=generation)
+        sent.append(fact.id)
+        await agent_js.publish(
+            f"gpufleet.v1.cluster.a.fact.{fact.type}", encode(fact),
+            headers={"Nats-Msg-Id": str(fact.id)},
+        )  # fmt: skip
+
+    try:
+        for g in range(1, 6):
+            await send(g)
+        await eventually(lambda: len(first.facts) == 5, what="first five facts")
+        await consumer.stop()
+        for g in range(6, 16):  # the control plane is down
+            await send(g)
+        second = InMemorySink()
+        restarted = ReportConsumer(bus.js, second)
+        await restarted.start()
+        await eventually(lambda: len(second.facts) == 10, what="facts sent while down")
+        await restarted.stop()
+        received = [f.id for _, f in first.facts] + [f.id for _, f in second.facts]
+        assert received == sent
+    finally:
+        await agent_nc.close()
