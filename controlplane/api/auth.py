@@ -65,7 +65,9 @@ class TokenVerifier:
             if row.expires_at is not None and row.expires_at <= now:
                 raise Unauthenticated(f"token '{row.name}' expired at {row.expires_at.isoformat()}")
             if time.monotonic() - self._touched.get(row.id, -1e9) > 60:
-                session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
+                session.execute(
+                    update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now)
+                )
                 self._touched[row.id] = time.monotonic()
             return Principal(row.id, row.name, Role(row.role))
 

@@ -36,7 +36,7 @@ def if_match(request: Request) -> int | None:
     value = raw.strip().removeprefix("W/").strip('"')
     if not value.isdigit():
         raise BadRequest(
-            f"If-Match must be the object's generation (e.g. If-Match: \"3\"), got {raw!r}"
+            f'If-Match must be the object\'s generation (e.g. If-Match: "3"), got {raw!r}'
         )
     return int(value)
 

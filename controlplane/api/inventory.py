@@ -47,7 +47,8 @@ def resource_router(kind: ResourceKind) -> APIRouter:
 
     @router.post("", status_code=201, summary=f"Create a {kind.kind}")
     def create_object(
-        request: Request, spec: spec_type = Body(), _: Principal = Depends(writers)
+        request: Request,
+        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm], _: Principal = Depends(writers)
     ) -> JSONResponse:
         with session_scope(request) as session:
             return _one(kind, svc.create(session, kind, spec, actor_of(request)), 201)
@@ -59,7 +60,9 @@ def resource_router(kind: ResourceKind) -> APIRouter:
 
     @router.put("/{ref}", summary=f"Create or replace a {kind.kind} (idempotent)")
     def put_object(
-        request: Request, ref: str, spec: spec_type = Body(), _: Principal = Depends(writers)
+        request: Request,
+        ref: str,
+        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm], _: Principal = Depends(writers)
     ) -> JSONResponse:
         with session_scope(request) as session:
             result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))

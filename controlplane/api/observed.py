@@ -152,7 +152,9 @@ def _router(kind: ReadOnlyKind) -> APIRouter:
             return _page(session, kind, list_filters(request), limit, cursor)
 
     @router.get("/{object_id}", summary=f"Get one of {kind.path} by id")
-    def get_object(request: Request, object_id: str, _: Principal = Depends(readers)) -> dict[str, Any]:
+    def get_object(
+        request: Request, object_id: str, _: Principal = Depends(readers)
+    ) -> dict[str, Any]:
         with session_scope(request) as session:
             row = session.get(kind.row, object_id)
             if row is None:

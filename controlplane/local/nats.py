@@ -80,11 +80,12 @@ class NatsServer:
         if self.running:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [nats_server_binary()]
+        cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port)]
         if self.config_file is not None:
+            # The file's jetstream block names the store dir (render it with store_dir).
             cmd += ["-c", str(self.config_file)]
-        # Command-line flags override the config file.
-        cmd += ["-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store_dir)]
+        else:
+            cmd += ["-js", "-sd", str(self.store_dir)]
         log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=log)

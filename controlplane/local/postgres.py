@@ -104,7 +104,7 @@ class EmbeddedPostgres:
         user = _run_as()
         if user is None:
             return
-        os.chmod(self.root, 0o755)
+        os.chmod(self.root, 0o755)  # noqa: S103 - the server user must reach its data dir
         _chown_tree(self.data_dir, user)
         self.log_file.touch(exist_ok=True)
         _chown_tree(self.log_file, user)
@@ -127,18 +127,23 @@ class EmbeddedPostgres:
             "-l", str(self.log_file), "-o", options, "start",
         )  # fmt: skip
         if done.returncode != 0:
-            tail = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            tail = (
+                self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            )
             raise PostgresError(f"PostgreSQL did not start: {done.stderr.strip()} {tail}")
 
     def create_database(self, name: str) -> None:
         import psycopg
+        from psycopg import sql
 
         with psycopg.connect(
             f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True
         ) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
             if not exists:
-                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():

@@ -88,7 +88,9 @@ def get(session: Session, kind: ResourceKind, ref: str) -> Any:
     column = kind.row.id if _is_uuid(ref) else kind.row.name
     row = session.scalars(select(kind.row).where(column == ref)).first()
     if row is None:
-        raise NotFound(f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}")
+        raise NotFound(
+            f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}"
+        )
     return row
 
 
@@ -145,7 +147,9 @@ def replace(
     row = session.scalars(select(kind.row).where(kind.row.name == name)).first()
     if row is None:
         if expected_generation is not None:
-            raise StaleGeneration(f"{kind.kind} '{name}' does not exist; drop If-Match to create it")
+            raise StaleGeneration(
+                f"{kind.kind} '{name}' does not exist; drop If-Match to create it"
+            )
         return create(session, kind, spec, actor)
     return _update(session, kind, row, spec, actor, expected_generation)
 
@@ -238,7 +242,9 @@ def _on_create(session: Session, row: Any) -> str | None:
 
 
 def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[str, Any]) -> None:
-    if isinstance(row, m.Deployment) and any(before.get(f) != after.get(f) for f in REVISION_FIELDS):
+    if isinstance(row, m.Deployment) and any(
+        before.get(f) != after.get(f) for f in REVISION_FIELDS
+    ):
         row.revision += 1
         row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
 
@@ -274,5 +280,3 @@ def _decode_cursor(cursor: str) -> str:
         return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest("cursor is not valid; pass next_cursor from the previous page") from exc
-
-

@@ -48,7 +48,9 @@ def _by_name(session: Session, row_type: type[Any], name: str, field_name: str) 
     found = session.scalars(select(row_type).where(row_type.name == name)).first()
     if found is None:
         kind = row_type.__tablename__.rstrip("s").replace("_", " ")
-        raise InvalidSpec.on(field_name, f"no {kind} named '{name}'; create it first or fix the name")
+        raise InvalidSpec.on(
+            field_name, f"no {kind} named '{name}'; create it first or fix the name"
+        )
     return found
 
 
@@ -156,7 +158,9 @@ def _apply_gpu_type(session: Session, row: m.GpuType, spec: GpuTypeSpec) -> None
 def _check_delete_gpu_type(session: Session, row: m.GpuType, force: bool) -> None:
     pools = list(session.scalars(select(m.Pool).where(m.Pool.gpu_type_id == row.id)))
     _refuse_if(pools, "used by pools", "delete those pools first")
-    users = list(session.scalars(select(m.Deployment).where(m.Deployment.gpu_types.contains([row.name]))))
+    users = list(
+        session.scalars(select(m.Deployment).where(m.Deployment.gpu_types.contains([row.name])))
+    )
     _refuse_if(users, "accepted by deployments", "remove it from their gpu_types first")
 
 

@@ -25,7 +25,13 @@ def test_every_mutation_is_audited_with_actor_before_and_after(admin, operator):
     assert delete["after"] is None and delete["before"]["name"] == "chat-llm"
 
     seeded = admin.get("audit", actor="token:admin-token").json()["items"]
-    assert {e["resource_kind"] for e in seeded} == {"Provider", "Region", "GpuType", "Pool", "Cluster"}
+    assert {e["resource_kind"] for e in seeded} == {
+        "Provider",
+        "Region",
+        "GpuType",
+        "Pool",
+        "Cluster",
+    }
 
 
 def test_token_secret_is_shown_once_and_never_again(admin, caplog):

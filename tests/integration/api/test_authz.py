@@ -13,11 +13,11 @@ from fastapi.routing import APIRoute
 from tests.integration.api.conftest import Api
 
 PUBLIC = None
-V, O, A = "viewer", "operator", "admin"
-RANK = {V: 0, O: 1, A: 2}
+V, OP, A = "viewer", "operator", "admin"
+RANK = {V: 0, OP: 1, A: 2}
 
-INVENTORY_WRITE = {"providers": A, "regions": A, "gpu-types": A, "pools": O, "clusters": O,
-                   "deployments": O, "tokens": A}  # fmt: skip
+INVENTORY_WRITE = {"providers": A, "regions": A, "gpu-types": A, "pools": OP, "clusters": OP,
+                   "deployments": OP, "tokens": A}  # fmt: skip
 READ = {k: V for k in INVENTORY_WRITE} | {"tokens": A, "placements": V, "replicas": V,
                                           "instances": V, "events": V, "audit": A}  # fmt: skip
 
@@ -27,7 +27,7 @@ RULES: dict[tuple[str, str], str | None] = {
     ("GET", "/api/v1/deployments/{ref}/revisions"): V,
     ("GET", "/api/v1/placement"): V,
     ("POST", "/api/v1/placement/preview"): V,
-    ("POST", "/api/v1/placement/replan"): O,
+    ("POST", "/api/v1/placement/replan"): OP,
 }
 for kind, role in READ.items():
     param = "{ref}" if kind in INVENTORY_WRITE else "{object_id}"
@@ -42,7 +42,7 @@ for kind, role in INVENTORY_WRITE.items():
 def _routes(app):
     for route in app.routes:
         if isinstance(route, APIRoute):
-            for method in sorted(route.methods):
+            for method in sorted(route.methods or ()):
                 yield method, route.path
 
 
@@ -63,7 +63,7 @@ def test_authorization_matrix(app_client, tokens):
     for method, path in _routes(app_client.app):
         required = RULES[(method, path)]
         anonymous = _call(Api(app_client, None), method, path).status_code
-        if required is PUBLIC:
+        if required is None:  # PUBLIC
             if anonymous in (401, 403):
                 failures.append((method, path, "anonymous", anonymous))
             continue
@@ -75,7 +75,7 @@ def test_authorization_matrix(app_client, tokens):
         for role, token in tokens.items():
             status = _call(Api(app_client, token), method, path).status_code
             allowed = RANK[role] >= RANK[required]
-            if allowed and status in (401, 403) or not allowed and status != 403:
+            if (allowed and status in (401, 403)) or (not allowed and status != 403):
                 failures.append((method, path, role, status))
             if status >= 500:
                 failures.append((method, path, role, status))
