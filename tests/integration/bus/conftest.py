@@ -90,7 +90,7 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
     try:
         holder = Bus(server, cp, clusters, None, None, None, errors)  # type: ignore[arg-type]
         nc = await holder.connect(cp, errors)
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=1.0)
         kv = await ensure_bus(js)
         holder.nc, holder.js, holder.kv = nc, js, kv
         yield holder

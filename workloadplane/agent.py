@@ -1,0 +1,277 @@
+"""Workload-plane agent: the composition root (``gpufleet agent --cluster NAME``).
+
+Wires the bus, the on-disk desired state, the pure reconcile and a Runtime. Loops:
+reconcile (on every newer desired generation and every ``reconcile_interval``), heartbeat
+(every ``heartbeat_interval``). NATS or the control plane being unreachable never stops
+it: it keeps reconciling against the last snapshot it persisted (static stability).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+
+from controlplane.contracts import (
+    DeploymentObserved,
+    DesiredState,
+    DesiredStateApplied,
+    Envelope,
+    NatsCredentials,
+    ObservedState,
+    ReplicaFailed,
+    ReplicaStarted,
+    ReplicaState,
+    cluster_inbox_prefix,
+    cluster_user,
+    utcnow,
+)
+from workloadplane.bus import AgentBus
+from workloadplane.reconcile import (
+    DrainReplica,
+    StartReplica,
+    StopReplica,
+    reconcile,
+    replica_transitions,
+    target_replicas,
+)
+from workloadplane.runtime.base import Runtime
+from workloadplane.state import DesiredStateStore, should_apply
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+Clock = Callable[[], datetime]
+
+
+class Agent:
+    """State and decisions of one cluster's agent; the bus and runtime are injected."""
+
+    def __init__(
+        self,
+        cluster: str,
+        runtime: Runtime,
+        store: DesiredStateStore,
+        *,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.cluster = cluster
+        self.runtime = runtime
+        self.store = store
+        self.clock = clock
+        self.desired: DesiredState | None = store.load()
+        self.applied_generation = 0
+        self.wanted: dict[str, int] = {}
+        """Replica counts the local autoscaler wants, per deployment (may exceed max)."""
+        self.bus: AgentBus | None = None
+        self._known: dict[str, ReplicaState] | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        if self.desired is not None:
+            log.info("loaded desired generation %s from disk", self.desired.generation)
+            self._wake.set()
+
+    @property
+    def source(self) -> str:
+        return f"cluster/{self.cluster}"
+
+    def _emit(self, fact: Envelope) -> None:
+        if self.bus is not None:
+            self.bus.publish_fact(fact)
+
+    async def on_desired(self, state: DesiredState) -> None:
+        """Accept a snapshot if it is newer; persist it before acting on it."""
+        async with self._lock:
+            if not should_apply(self.desired, state, self.cluster):
+                return
+            self.store.save(state)
+            self.desired = state
+        self._wake.set()
+
+    async def reconcile_once(self) -> None:
+        """List replicas, report transitions, carry out reconcile's actions, acknowledge."""
+        async with self._lock:
+            desired = self.desired
+        replicas = await self.runtime.list_replicas()
+        self._report_transitions(replicas)
+        if desired is None:
+            return  # never told anything: touch nothing
+        for action in reconcile(desired, replicas, self.wanted):
+            try:
+                if isinstance(action, StartReplica):
+                    await self.runtime.start(action.deployment, action.spec)
+                elif isinstance(action, DrainReplica):
+                    await self.runtime.drain(action.replica_id)
+                elif isinstance(action, StopReplica):
+                    await self.runtime.stop(action.replica_id)
+            except Exception:
+                log.exception("runtime failed on %s; retrying next pass", action)
+        if desired.generation > self.applied_generation:
+            self.applied_generation = desired.generation
+            self._emit(
+                DesiredStateApplied(
+                    cluster=self.cluster, source=self.source, time=self.clock(),
+                    generation=desired.generation,
+                )
+            )  # fmt: skip
+
+    def _report_transitions(self, replicas: list) -> None:
+        if self._known is not None:
+            for kind, replica in replica_transitions(self._known, replicas):
+                fact_type = ReplicaStarted if kind == "started" else ReplicaFailed
+                self._emit(
+                    fact_type(cluster=self.cluster, source=self.source, time=self.clock(),
+                              replica=replica)
+                )  # fmt: skip
+        self._known = {r.replica_id: r.state for r in replicas}
+
+    async def observed_state(self) -> ObservedState:
+        replicas = await self.runtime.list_replicas()
+        deployments = []
+        if self.desired is not None:
+            for d in self.desired.deployments:
+                wish = self.wanted.get(d.name)
+                demand = wish if wish is not None else target_replicas(d, None)
+                deployments.append(DeploymentObserved(name=d.name, demand=demand))
+        return ObservedState(
+            cluster=self.cluster, source=self.source, time=self.clock(),
+            observed_generation=self.applied_generation, agent_version=AGENT_VERSION,
+            replicas=replicas, deployments=deployments,
+        )  # fmt: skip
+
+    async def reconcile_loop(self, interval: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except Exception:
+                log.exception("reconcile pass failed; retrying")
+
+    async def heartbeat_loop(self, interval: float) -> None:
+        while True:
+            if self.bus is not None:
+                try:
+                    await self.bus.publish_heartbeat(await self.observed_state())
+                except Exception:
+                    log.exception("building heartbeat failed")
+            await asyncio.sleep(interval)
+
+
+async def serve(
+    agent: Agent,
+    nats_url: str | list[str],
+    credentials: NatsCredentials | None,
+    *,
+    heartbeat_interval: float = 5.0,
+    reconcile_interval: float = 2.0,
+    resync_interval: float = 30.0,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None)."""
+    bus = AgentBus(agent.cluster, nats_url, credentials, agent.on_desired,
+                   resync_interval=resync_interval)  # fmt: skip
+    agent.bus = bus
+    await bus.start()
+    tasks = [
+        asyncio.create_task(agent.reconcile_loop(reconcile_interval), name="agent-reconcile"),
+        asyncio.create_task(agent.heartbeat_loop(heartbeat_interval), name="agent-heartbeat"),
+    ]
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await bus.close()
+        agent.bus = None
+
+
+async def run_agent(
+    cluster: str,
+    nats_url: str | list[str],
+    credentials: NatsCredentials | None,
+    state_dir: Path,
+    runtime: Runtime,
+    *,
+    clock: Clock = utcnow,
+    heartbeat_interval: float = 5.0,
+    reconcile_interval: float = 2.0,
+    resync_interval: float = 30.0,
+    stop: asyncio.Event | None = None,
+    fsync: bool = True,
+) -> Agent:
+    """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent."""
+    agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=fsync), clock=clock)
+    await serve(
+        agent, nats_url, credentials, heartbeat_interval=heartbeat_interval,
+        reconcile_interval=reconcile_interval, resync_interval=resync_interval, stop=stop,
+    )  # fmt: skip
+    return agent
+
+
+def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
+    """From a JSON file (``{"user":…, "password":…}``) or GPUFLEET_NATS_USER/PASSWORD."""
+    if path:
+        data = json.loads(Path(path).read_text())
+    elif os.environ.get("GPUFLEET_NATS_PASSWORD"):
+        data = {
+            "user": os.environ.get("GPUFLEET_NATS_USER", cluster_user(cluster)),
+            "password": os.environ["GPUFLEET_NATS_PASSWORD"],
+        }
+    else:
+        return None
+    data.setdefault("inbox_prefix", cluster_inbox_prefix(cluster))
+    return NatsCredentials.model_validate(data)
+
+
+def _make_runtime(name: str) -> Runtime:
+    if name == "memory":
+        from workloadplane.runtime.memory import InMemoryRuntime
+
+        return InMemoryRuntime()
+    raise SystemExit(f"unknown runtime {name!r}: only 'memory' exists so far")
+
+
+def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet agent")
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--nats-url", default=os.environ.get("GPUFLEET_NATS_URL",
+                                                             "nats://127.0.0.1:4222"))  # fmt: skip
+    parser.add_argument("--credentials-file", default=os.environ.get("GPUFLEET_NATS_CREDENTIALS"))
+    parser.add_argument("--state-dir", default=os.environ.get("GPUFLEET_AGENT_STATE_DIR"))
+    parser.add_argument("--runtime", default="memory")
+    parser.add_argument("--heartbeat-interval", type=float, default=5.0)
+    parser.add_argument("--no-fsync", action="store_true", help="benchmarks only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    state_dir = Path(args.state_dir or f".gpufleet/agent-{args.cluster}")
+    runtime = (runtimes or {}).get(args.runtime) or _make_runtime(args.runtime)
+    credentials = load_credentials(args.cluster, args.credentials_file)
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agent(
+            args.cluster, args.nats_url, credentials, state_dir, runtime,
+            heartbeat_interval=args.heartbeat_interval, stop=stop, fsync=not args.no_fsync,
+        )  # fmt: skip
+
+    asyncio.run(_main())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
