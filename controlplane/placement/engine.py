@@ -14,7 +14,7 @@ Deterministic: every choice breaks ties by index, no randomness, no clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -23,41 +23,40 @@ from controlplane.placement.model import Assignment, PlacementInput, PlacementRe
 from controlplane.placement.packing import Plan, drop_most_expensive, enforce_spot
 from controlplane.placement.packing import enforce_spread, fill
 from controlplane.placement.repair import improve, place_hard, rehome_displaced
+from controlplane.placement.incremental import replan_deployments
 from controlplane.placement.result import (
-    DeploymentOutput,
+    EngineState,
     Slots,
+    assemble,
     deployment_output,
     index_current,
-    procurement,
     removed_deployment_changes,
 )
 
 
-@dataclass
-class EngineState:
-    """What replan() needs from the previous result; opaque to callers."""
-
-    inp: PlacementInput
-    plan: Plan
-    outputs: list[DeploymentOutput]
-    order: list[int]
+def keep_deployment(plan: Plan, d: int, slots: dict[tuple[str, int], int]) -> None:
+    """Keep d's admissible current replicas ((cluster, pool index) -> n), cheapest first."""
+    t = plan.t
+    for (cluster, p), n in sorted(slots.items()):
+        if n > 0 and cluster in t.healthy_clusters[p] and t.compat(d)[p]:
+            plan.add(d, p, n)
+            plan.kept[d][p] = plan.kept[d].get(p, 0) + n
+    surplus = plan.placed(d) - t.inp.deployments[d].target_replicas
+    if surplus > 0:
+        drop_most_expensive(plan, d, surplus)
 
 
 def keep_current(plan: Plan, current: tuple[Assignment, ...]) -> None:
     """Phase 1: keep admissible current replicas, trim surplus and over-committed pools."""
     t = plan.t
-    for a in sorted(current, key=lambda a: (a.deployment, a.pool, a.cluster)):
+    by_dep: dict[int, dict[tuple[str, int], int]] = {}
+    for a in current:
         d, p = t.dep_index.get(a.deployment), t.pool_index.get(a.pool)
-        if d is None or p is None or a.replicas <= 0:
-            continue
-        if a.cluster not in t.healthy_clusters[p] or not t.compat(d)[p]:
-            continue
-        plan.add(d, p, a.replicas)
-        plan.kept[d][p] = plan.kept[d].get(p, 0) + a.replicas
-    for d, dep in enumerate(t.inp.deployments):
-        surplus = plan.placed(d) - dep.target_replicas
-        if surplus > 0:
-            drop_most_expensive(plan, d, surplus)
+        if d is not None and p is not None:
+            slots = by_dep.setdefault(d, {})
+            slots[(a.cluster, p)] = slots.get((a.cluster, p), 0) + a.replicas
+    for d in sorted(by_dep):
+        keep_deployment(plan, d, by_dep[d])
     deps = t.inp.deployments
     for p in np.flatnonzero(plan.used > t.cap):
         p = int(p)
@@ -107,21 +106,6 @@ def solve(plan: Plan, order: list[int]) -> None:
             enforce_spread(plan, d)
 
 
-def _result(state: EngineState, extra_changes: tuple = ()) -> PlacementResult:
-    outs = state.outputs
-    cost = {d.name: o.cost for d, o in zip(state.inp.deployments, outs, strict=True)}
-    return PlacementResult(
-        assignments=tuple(a for o in outs for a in o.assignments),
-        changes=tuple(c for o in outs for c in o.changes) + extra_changes,
-        procurement=procurement(state.plan),
-        unplaced=tuple(u for o in outs for u in o.unplaced),
-        cost_per_hour=cost,
-        total_cost_per_hour=round(sum(cost.values()), 6),
-        objective_per_hour=round(sum(o.objective for o in outs), 6),
-        state=state,
-    )
-
-
 def _removed(inp: PlacementInput, current: dict[str, Slots]) -> tuple:
     names = {d.name for d in inp.deployments}
     return tuple(
@@ -140,7 +124,7 @@ def place(inp: PlacementInput) -> PlacementResult:
     current = index_current(inp.current)
     outs = [deployment_output(plan, d, current.get(dep.name, {}))
             for d, dep in enumerate(inp.deployments)]
-    return _result(EngineState(inp, plan, outs, order), _removed(inp, current))
+    return assemble(EngineState(inp, plan, outs, order), _removed(inp, current))
 
 
 def replan(previous: PlacementResult, inp: PlacementInput) -> PlacementResult:
@@ -154,9 +138,7 @@ def replan(previous: PlacementResult, inp: PlacementInput) -> PlacementResult:
     state = previous.state
     if not isinstance(state, EngineState) or not _same_world(state.inp, inp):
         return place(replace(inp, current=previous.assignments))
-    from controlplane.placement.incremental import replan_deployments
-
-    return replan_deployments(state, inp, _result)
+    return replan_deployments(state, inp)
 
 
 def _same_world(a: PlacementInput, b: PlacementInput) -> bool:

@@ -30,6 +30,7 @@ class Plan:
     blocked: dict[int, str] = field(default_factory=dict)  # deployment -> binding constraint
     displaced: dict[int, dict[int, int]] = field(default_factory=dict)  # victim -> {by: n}
     kept: list[dict[int, int]] = field(default_factory=list)  # replicas kept from current
+    touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
 
     @classmethod
     def empty(cls, t: Tables) -> Plan:
@@ -46,11 +47,13 @@ class Plan:
         return self.t.inp.deployments[d].gpus_per_replica
 
     def add(self, d: int, p: int, n: int) -> None:
+        self.touched.add(d)
         self.alloc[d][p] = self.alloc[d].get(p, 0) + n
         self.members[p][d] = self.members[p].get(d, 0) + n
         self.used[p] += n * self.size(d)
 
     def remove(self, d: int, p: int, n: int) -> None:
+        self.touched.add(d)
         left = self.alloc[d][p] - n
         if left:
             self.alloc[d][p] = left

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from controlplane.placement.explain import explain
-from controlplane.placement.model import Assignment, Change, Procurement, Unplaced
+from controlplane.placement.model import (
+    Assignment,
+    Change,
+    PlacementInput,
+    PlacementResult,
+    Procurement,
+    Unplaced,
+)
 from controlplane.placement.packing import Plan
 
 Slots = dict[tuple[str, str], int]  # (cluster, pool) -> replicas
@@ -110,3 +117,28 @@ def procurement(plan: Plan) -> tuple[Procurement, ...]:
         gpus = min(math.ceil(int(need[p]) / gpi) * gpi, pool.procurable_gpus)
         out.append(Procurement(pool.id, gpus, math.ceil(gpus / gpi)))
     return tuple(out)
+
+
+@dataclass
+class EngineState:
+    """What replan() needs from the previous result; opaque to callers."""
+
+    inp: PlacementInput
+    plan: Plan
+    outputs: list[DeploymentOutput]
+    order: list[int]
+
+
+def assemble(state: EngineState, extra_changes: tuple = ()) -> PlacementResult:
+    outs = state.outputs
+    cost = {d.name: o.cost for d, o in zip(state.inp.deployments, outs, strict=True)}
+    return PlacementResult(
+        assignments=tuple(a for o in outs for a in o.assignments),
+        changes=tuple(c for o in outs for c in o.changes) + extra_changes,
+        procurement=procurement(state.plan),
+        unplaced=tuple(u for o in outs for u in o.unplaced),
+        cost_per_hour=cost,
+        total_cost_per_hour=round(sum(cost.values()), 6),
+        objective_per_hour=round(sum(o.objective for o in outs), 6),
+        state=state,
+    )
