@@ -31,6 +31,10 @@ class Controller(Protocol):
 
     tick_seconds: float
 
+    def observe(self, now: datetime, signals: Signals) -> None:
+        """See the signals of every sample, tick or not (metrics scraping)."""
+        ...
+
     def step(self, now: datetime, signals: Signals) -> tuple[int, tuple[str, ...]]:
         """Return (desired replicas, replicas to remove first)."""
         ...
@@ -44,6 +48,9 @@ class PolicyController:
     tick_seconds: float = 1.0
     state: State = field(default_factory=State)
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
+
+    def observe(self, now: datetime, signals: Signals) -> None:
+        pass  # the agent samples on its own tick
 
     def step(self, now: datetime, signals: Signals) -> tuple[int, tuple[str, ...]]:
         decision, self.state = decide(self.policy, self.state, signals, now)
@@ -89,6 +96,7 @@ def simulate(
         demand = round(load(t))
         signals = _signals(replicas, t, demand, target_concurrency)
         desired = len(replicas)
+        controller.observe(EPOCH + timedelta(seconds=t), signals)
         if i % every == 0:
             desired, drain = controller.step(EPOCH + timedelta(seconds=t), signals)
             if desired < len(replicas):
