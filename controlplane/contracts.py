@@ -14,7 +14,15 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 SCHEMA_VERSION = 1
 
@@ -317,13 +325,22 @@ def _check_version(data: bytes) -> dict:
     return raw
 
 
+def _describe(exc: ValidationError) -> str:
+    """The first problem as 'field.path: message' (what to fix), plus how many more."""
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "message"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
 def decode_report(data: bytes) -> ObservedState | Fact:
     """Parse a cluster → control plane message, or raise RejectedMessageError."""
     raw = _check_version(data)
     try:
         return _REPORT.validate_python(raw)
-    except ValueError as exc:
-        raise RejectedMessageError("invalid", str(exc).splitlines()[0]) from exc
+    except ValidationError as exc:
+        raise RejectedMessageError("invalid", _describe(exc)) from exc
 
 
 def decode_desired(data: bytes) -> DesiredState:
@@ -331,8 +348,8 @@ def decode_desired(data: bytes) -> DesiredState:
     raw = _check_version(data)
     try:
         return DesiredState.model_validate(raw)
-    except ValueError as exc:
-        raise RejectedMessageError("invalid", str(exc).splitlines()[0]) from exc
+    except ValidationError as exc:
+        raise RejectedMessageError("invalid", _describe(exc)) from exc
 
 
 def encode(message: Envelope) -> bytes:

@@ -139,6 +139,9 @@ class ReportConsumer:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
+            # Make the server see the lost interest now; anything it already pushed to us
+            # is redelivered to the next subscriber after ack_wait.
+            await self._js._nc.flush()
 
     async def handle(self, msg: Msg) -> None:
         """Validate one message, record it, ack it. Never raises."""

@@ -104,7 +104,8 @@ async def _try_publish(bus: Bus, state) -> bool:
 
 async def test_controlplane_consumer_restart_loses_nothing(bus: Bus, tmp_path: Path):
     first = InMemorySink()
-    consumer = ReportConsumer(bus.js, first)
+    # Messages pushed to a consumer that vanished come back after ack_wait: keep it short.
+    consumer = ReportConsumer(bus.js, first, ack_wait_s=1.0)
     await consumer.start()
     agent_nc = await bus.connect(bus.clusters["a"])
     agent_js = agent_nc.jetstream()
@@ -126,7 +127,7 @@ async def test_controlplane_consumer_restart_loses_nothing(bus: Bus, tmp_path: P
         for g in range(6, 16):  # the control plane is down
             await send(g)
         second = InMemorySink()
-        restarted = ReportConsumer(bus.js, second)
+        restarted = ReportConsumer(bus.js, second, ack_wait_s=1.0)
         await restarted.start()
         await eventually(lambda: len(second.facts) == 10, what="facts sent while down")
         await restarted.stop()
