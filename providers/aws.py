@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
+from boto3.session import Session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -72,7 +72,7 @@ def error_for(code: str, message: str, doing: str) -> ProviderError:
         return Throttled(f"{said}; back off and retry")
     if code in _QUOTA or code.endswith("LimitExceeded"):
         return QuotaExceeded(f"{said}; request a higher EC2 service quota or use another pool")
-    if code.endswith(".NotFound"):
+    if code == "InvalidInstanceID.NotFound":
         return NotFound(f"{said}; check the id (it may have been deleted)")
     if code.startswith("Invalid") or code in {
         "IdempotentParameterMismatch",
@@ -123,7 +123,7 @@ class AwsProvider:
     ) -> None:
         # Procurement owns retries (backoff with jitter): botocore must not retry as well.
         config = Config(retries={"mode": "standard", "total_max_attempts": 1})
-        session = boto3.session.Session(
+        session = Session(
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             region_name=region,
@@ -263,7 +263,9 @@ class AwsProvider:
 
     def delete_instance(self, instance_id: str) -> None:
         try:
-            self._call(f"terminating {instance_id}", "terminate_instances", InstanceIds=[instance_id])
+            self._call(
+                f"terminating {instance_id}", "terminate_instances", InstanceIds=[instance_id]
+            )
         except NotFound:
             return
 

@@ -338,9 +338,11 @@ class GcpProvider:
             try:
                 operations = list(
                     self._operations.list(
-                        project=self._project,
-                        zone=zone,
-                        filter=f'operationType="{PREEMPTED}"',
+                        request=compute_v1.ListZoneOperationsRequest(
+                            project=self._project,
+                            zone=zone,
+                            filter=f'operationType="{PREEMPTED}"',
+                        )
                     )
                 )
             except gexc.GoogleAPICallError as exc:

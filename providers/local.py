@@ -22,6 +22,7 @@ from providers.base import (
     InstanceState,
     InsufficientCapacity,
     InterruptionNotice,
+    InvalidRequest,
     NotFound,
     Offer,
     PoolRef,
@@ -99,7 +100,7 @@ class LocalProvider:
     def offers(self) -> list[Offer]:
         with self._state() as state:
             free = self._free_gpus(state)
-        price = self._price or None
+        price = self._price
         return [
             Offer(
                 provider=self.kind,
@@ -109,8 +110,8 @@ class LocalProvider:
                 instance_type=f"local-{n}gpu",
                 region=self._region,
                 zone=None,
-                on_demand_price=price * n if price else None,
-                spot_price=price * n * 0.4 if price else None,
+                on_demand_price=price * n,
+                spot_price=round(price * n * 0.4, 6),
                 available=free >= n,
             )
             for n in (1, 2, 4, 8)
@@ -182,7 +183,9 @@ class LocalProvider:
             if record is None:
                 raise NotFound(f"no local instance {instance_id!r}; list_instances() shows ids")
             if record["purchase_type"] != PurchaseType.SPOT:
-                raise NotFound(f"instance {instance_id!r} is not spot; only spot is interrupted")
+                raise InvalidRequest(
+                    f"instance {instance_id!r} is not spot; only spot instances are interrupted"
+                )
             deadline = self._clock() + notice
             state["notices"][instance_id] = {
                 "deadline": deadline.isoformat(),
