@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.observed import observed_routers
-from controlplane.db.session import make_engine, make_session_factory
+from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
 from controlplane.errors import (
     BadRequest,
     ControlPlaneError,
@@ -82,14 +83,26 @@ def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(problem.to_json(), status_code=500, media_type=PROBLEM)
 
 
-async def _request_id(
-    request: Request, call_next: Callable[[Request], Awaitable[Response]]
-) -> Response:
-    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-    request.state.request_id = rid[:64]
-    response = await call_next(request)
-    response.headers["X-Request-Id"] = request.state.request_id
-    return response
+class RequestIdMiddleware:
+    """Pure ASGI: take X-Request-Id from the request (or make one) and echo it back."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id")
+        rid = (given.decode("latin-1") if given else uuid.uuid4().hex)[:64]
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def _health_router() -> APIRouter:
@@ -138,9 +151,10 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.session_factory = factory
+    app.state.read_session_factory = make_read_session_factory(factory.kw["bind"])
     app.state.settings = settings
     app.state.verifier = TokenVerifier(factory)
-    app.middleware("http")(_request_id)
+    app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(
         ControlPlaneError,
         lambda request, exc: _problem_response(exc, request),  # type: ignore[arg-type]

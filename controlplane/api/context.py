@@ -21,6 +21,13 @@ def session_scope(request: Request) -> Iterator[Session]:
         yield session
 
 
+@contextmanager
+def read_scope(request: Request) -> Iterator[Session]:
+    """A read-only session in autocommit mode: one round trip per query, nothing to commit."""
+    with request.app.state.read_session_factory() as session:
+        yield session
+
+
 def actor_of(request: Request) -> Actor:
     principal = getattr(request.state, "principal", None)
     return Actor(

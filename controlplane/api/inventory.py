@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
-from controlplane.api.context import actor_of, if_match, list_filters, session_scope
+from controlplane.api.context import actor_of, if_match, list_filters, read_scope, session_scope
 from controlplane.services import inventory as svc
 from controlplane.services.resources import KINDS, ResourceKind
 
@@ -41,7 +41,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         limit: int = Query(100, ge=1, le=500),
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        with session_scope(request) as session:
+        with read_scope(request) as session:
             rows, next_cursor = svc.list_rows(session, kind, list_filters(request), limit, cursor)
             return {"items": [svc.to_json(kind, r) for r in rows], "next_cursor": next_cursor}
 
@@ -55,7 +55,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
 
     @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name")
     def get_object(request: Request, ref: str, _: Principal = Depends(readers)) -> JSONResponse:
-        with session_scope(request) as session:
+        with read_scope(request) as session:
             return _one(kind, svc.WriteResult(svc.get(session, kind, ref)))
 
     @router.put("/{ref}", summary=f"Create or replace a {kind.kind} (idempotent)")

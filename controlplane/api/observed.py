@@ -12,7 +12,7 @@ from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from controlplane.api.auth import Principal, require
-from controlplane.api.context import list_filters, session_scope
+from controlplane.api.context import list_filters, read_scope
 from controlplane.api.schemas import Role
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, NotFound
@@ -148,14 +148,14 @@ def _router(kind: ReadOnlyKind) -> APIRouter:
         limit: int = Query(100, ge=1, le=500),
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        with session_scope(request) as session:
+        with read_scope(request) as session:
             return _page(session, kind, list_filters(request), limit, cursor)
 
     @router.get("/{object_id}", summary=f"Get one of {kind.path} by id")
     def get_object(
         request: Request, object_id: str, _: Principal = Depends(readers)
     ) -> dict[str, Any]:
-        with session_scope(request) as session:
+        with read_scope(request) as session:
             row = session.get(kind.row, object_id)
             if row is None:
                 raise NotFound(f"no {kind.path} entry with id '{object_id}'")
@@ -172,7 +172,7 @@ def revisions_router() -> APIRouter:
     def list_revisions(
         request: Request, ref: str, _: Principal = Depends(require(Role.viewer))
     ) -> dict[str, Any]:
-        with session_scope(request) as session:
+        with read_scope(request) as session:
             row = svc.get(session, kind, ref)
             revs = sorted(row.revisions, key=lambda r: r.revision)
             return {"items": [_plain(r) for r in revs], "next_cursor": None}

@@ -10,11 +10,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 
 def make_engine(url: str, pool_size: int = 10) -> Engine:
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    # No pre-ping: it costs a round trip per checkout; stale connections are recycled instead.
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=300)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def make_read_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions for reads only: autocommit, so no BEGIN/COMMIT round trips per request."""
+    return sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"))
 
 
 @contextmanager

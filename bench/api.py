@@ -1,0 +1,152 @@
+"""Admin API throughput on the real PostgreSQL, next to a bare FastAPI endpoint in the same run.
+
+Reads: GET one pool by name. Writes: PATCH a pool's GPU count (a real change each time: new
+generation plus an audit entry, committed). Both servers run as the same uvicorn command.
+Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loadgen import http_request, run  # noqa: E402
+from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_port  # noqa: E402
+
+SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
+WORKERS = os.environ.get("BENCH_WORKERS", "1")
+POOLS = 50
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    configured = os.environ.get("GPUFLEET_BENCH_DATABASE_URL")
+    if configured:
+        yield configured
+        return
+    server = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="gpufleet-bench-pg-")), free_port())
+    server.init()
+    server.start()
+    server.create_database("bench")
+    try:
+        yield server.url("bench")
+    finally:
+        server.destroy()
+
+
+@contextmanager
+def uvicorn(target: list[str], env: dict[str, str]) -> Iterator[int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port),
+           "--no-access-log", "--log-level", "warning", "--workers", WORKERS]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=Path(__file__).parents[1])
+    try:
+        wait_for_port(port, 30)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def seed(url: str) -> str:
+    from controlplane.api.schemas import (GpuTypeSpec, PoolSpec, ProviderSpec, RegionSpec,
+                                          Role, TokenSpec)  # fmt: skip
+    from controlplane.db.migrate import upgrade
+    from controlplane.db.session import make_engine, make_session_factory, transaction
+    from controlplane.services import inventory as svc
+    from controlplane.services.resources import KINDS
+
+    upgrade(url)
+    engine = make_engine(url)
+    actor = svc.Actor("bench")
+    with transaction(make_session_factory(engine)) as s:
+        token = svc.create(s, KINDS["tokens"], TokenSpec(name="bench", role=Role.admin), actor)
+        svc.create(
+            s,
+            KINDS["providers"],
+            ProviderSpec(name="aws-main", kind="aws", provider_class="hyperscaler"),
+            actor,
+        )  # type: ignore[arg-type]
+        svc.create(
+            s,
+            KINDS["regions"],
+            RegionSpec(
+                name="aws-us-east-1",
+                provider="aws-main",
+                code="us-east-1",
+                jurisdiction="US",
+                latitude=38.9,
+                longitude=-77.4,
+            ),
+            actor,
+        )
+        svc.create(s, KINDS["gpu-types"], GpuTypeSpec(name="H100-80G", memory_gib=80), actor)
+        for i in range(POOLS):
+            spec = PoolSpec(
+                name=f"pool-{i}",
+                provider="aws-main",
+                region="aws-us-east-1",
+                gpu_type="H100-80G",
+                purchase_type="on_demand",
+                gpus=64,
+                price_per_gpu_hour="3.93375",
+            )  # type: ignore[arg-type]
+            svc.create(s, KINDS["pools"], spec, actor)
+    engine.dispose()
+    assert token.secret
+    return token.secret
+
+
+def main() -> int:
+    with database() as url:
+        token = seed(url)
+        auth = {"Authorization": f"Bearer {token}"}
+        env = {"GPUFLEET_DATABASE_URL": url}
+        with uvicorn(["--factory", "controlplane.api.main:build_app"], env) as port:
+            reads = run(
+                "127.0.0.1",
+                port,
+                lambda i: http_request("GET", f"/api/v1/pools/pool-{i % POOLS}", auth),
+                CONNECTIONS,
+                SECONDS,
+            )
+
+            def write(i: int) -> bytes:
+                body = json.dumps({"gpus": 64 + i % 1000 + 1}).encode()
+                return http_request("PATCH", f"/api/v1/pools/pool-{i % POOLS}", auth, body)
+
+            writes = run("127.0.0.1", port, write, CONNECTIONS, SECONDS)
+        with uvicorn(["bench.bare_app:app"], {}) as port:
+            bare = run(
+                "127.0.0.1", port, lambda i: http_request("GET", "/doc", {}), CONNECTIONS, SECONDS
+            )
+
+    print(f"{'path':<28}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+    for name, r in (
+        ("bare FastAPI GET", bare),
+        ("GET /pools/{name}", reads),
+        ("PATCH /pools/{name}", writes),
+    ):
+        print(
+            f"{name:<28}{r.rate:>10.0f}{r.percentile(50) * 1e3:>10.2f}{r.percentile(99) * 1e3:>10.2f}{r.errors:>8}"
+        )
+    ok = reads.rate >= 1000 and writes.rate >= 300 and reads.errors == 0 and writes.errors == 0
+    print(
+        f"api: reads {reads.rate:,.0f}/s ({reads.rate / bare.rate:.0%} of bare FastAPI {bare.rate:,.0f}/s), "
+        f"writes {writes.rate:,.0f}/s, errors {reads.errors + writes.errors} — "
+        f"targets ≥1,000 reads/s, ≥300 writes/s: {'PASS' if ok else 'FAIL'}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
