@@ -47,7 +47,9 @@ class Bus:
     def url(self) -> str:
         return self.server.url
 
-    async def connect(self, creds: NatsCredentials, errors: list[Exception] | None = None) -> Client:
+    async def connect(
+        self, creds: NatsCredentials, errors: list[Exception] | None = None
+    ) -> Client:
         async def on_error(exc: Exception) -> None:
             if errors is not None:
                 errors.append(exc)

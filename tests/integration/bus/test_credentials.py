@@ -124,7 +124,7 @@ async def test_cluster_a_cannot_publish_as_cluster_b(bus: Bus, consumer):
         refused = " ".join(violations(errors))
         assert f'publish to "{observed_subject("b")}"' in refused
         assert f'publish to "{desired_subject("a").lower()}"' in refused
-        with pytest.raises(Exception, match="not found|no keys"):
+        with pytest.raises(Exception, match=r"not found|no keys"):
             await bus.kv.get("a")
     finally:
         await nc.close()

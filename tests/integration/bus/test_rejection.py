@@ -62,6 +62,7 @@ async def test_controlplane_rejects_bad_reports_and_keeps_consuming(
         assert counted(metric, "invalid") - before["invalid"] == 1
         assert counted(metric, "cluster_mismatch") - before["cluster_mismatch"] == 1
         assert sum("rejected message" in r.getMessage() for r in caplog.records) == 5
+
         # Terminated, not redelivered: nothing is left pending on the durable.
         async def settled() -> bool:
             info = await bus.js.consumer_info("GPUFLEET_V1_REPORTS", "gpufleet-controlplane")

@@ -1,0 +1,145 @@
+"""Contract stability: every message's JSON Schema is snapshotted; v1 only grows additively.
+
+After a deliberate, additive change run with GPUFLEET_UPDATE_SNAPSHOTS=1 and commit the
+updated files under tests/unit/bus/snapshots/ (the diff is what reviewers read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from controlplane import contracts as c
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+UPDATE = os.environ.get("GPUFLEET_UPDATE_SNAPSHOTS") == "1"
+
+
+def schema_of(model: type) -> dict:
+    return model.model_json_schema(mode="validation")
+
+
+def all_objects(schema: dict) -> dict[str, dict]:
+    """Every object schema in a message schema: the message itself and its $defs."""
+    objects = {"<message>": schema}
+    objects.update(schema.get("$defs", {}))
+    return objects
+
+
+@pytest.mark.parametrize("model", c.MESSAGE_TYPES, ids=lambda m: m.__name__)
+def test_schema_matches_snapshot(model: type):
+    path = SNAPSHOTS / f"{model.__name__}.json"
+    current = schema_of(model)
+    if UPDATE or not path.exists():
+        path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    snapshot = json.loads(path.read_text())
+    assert current == snapshot, (
+        f"{model.__name__}'s schema changed. If it is an additive change with defaults, "
+        "run GPUFLEET_UPDATE_SNAPSHOTS=1 pytest tests/unit/bus and commit the snapshot; "
+        "anything else needs schema version 2."
+    )
+
+
+def incompatibilities(snapshot: dict, current: dict) -> list[str]:
+    """What breaks v1 readers or writers: removed types or fields, fields newly required."""
+    problems = []
+    before, now = all_objects(snapshot), all_objects(current)
+    for name, old in before.items():
+        if name not in now:
+            problems.append(f"type {name} disappeared")
+            continue
+        new = now[name]
+        removed = set(old.get("properties", {})) - set(new.get("properties", {}))
+        problems += [f"{name}.{f} removed" for f in sorted(removed)]
+        required = set(new.get("required", [])) - set(old.get("required", []))
+        problems += [f"{name}.{f} is required (added without a default?)" for f in sorted(required)]
+    return problems
+
+
+@pytest.mark.parametrize("model", c.MESSAGE_TYPES, ids=lambda m: m.__name__)
+def test_only_additive_changes_with_defaults(model: type):
+    """Against the committed snapshot: no field removed, none newly required."""
+    snapshot = json.loads((SNAPSHOTS / f"{model.__name__}.json").read_text())
+    assert incompatibilities(snapshot, schema_of(model)) == [], (
+        "within v1 only additive fields with defaults are allowed"
+    )
+
+
+def test_the_check_catches_a_field_added_without_default():
+    class V1(c.Model):
+        a: int
+
+    class Grown(c.Model):
+        a: int
+        b: int = 0
+
+    class Broken(c.Model):
+        a: int
+        b: int
+
+    assert incompatibilities(schema_of(V1), schema_of(Grown)) == []
+    assert incompatibilities(schema_of(V1), schema_of(Broken)) == [
+        "<message>.b is required (added without a default?)"
+    ]
+    assert incompatibilities(schema_of(Grown), schema_of(V1)) == ["<message>.b removed"]
+
+
+def test_unknown_fields_are_ignored():
+    applied = c.DesiredStateApplied(cluster="a", source="cluster/a", generation=3)
+    raw = json.loads(c.encode(applied))
+    raw["added_in_v1_9"] = {"anything": True}
+    decoded = c.decode_report(json.dumps(raw).encode())
+    assert decoded == applied
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"nope", "malformed"),
+        (b"[]", "malformed"),
+        (b'{"type": "observed_state", "cluster": "a"}', "schema_version"),
+        (b'{"schema_version": 2, "type": "observed_state"}', "schema_version"),
+        (b'{"schema_version": 1, "type": "no_such_type"}', "invalid"),
+        (b'{"schema_version": 1, "type": "observed_state", "cluster": "A B"}', "invalid"),
+    ],
+)
+def test_bad_messages_are_rejected_with_a_reason(data: bytes, reason: str):
+    with pytest.raises(c.RejectedMessageError) as err:
+        c.decode_report(data)
+    assert err.value.reason == reason
+
+
+def test_every_message_round_trips():
+    replica = c.ReplicaStatus(replica_id="r1", deployment="chat", revision="r1", state="ready")
+    samples = [
+        c.ObservedState(cluster="a", source="cluster/a", replicas=[replica],
+                        deployments=[c.DeploymentObserved(name="chat", demand=9)]),
+        c.ReplicaStarted(cluster="a", source="cluster/a", replica=replica),
+        c.ReplicaFailed(cluster="a", source="cluster/a", replica=replica, reason="oom"),
+        c.SpotInterruptionNoticed(cluster="a", source="cluster/a", instance_id="i-1"),
+        c.NodeUnhealthy(cluster="a", source="cluster/a", instance_id="i-1", reason="xid 79"),
+        c.CapacityExhausted(cluster="a", source="cluster/a", deployment="chat", wanted=2),
+        c.DesiredStateApplied(cluster="a", source="cluster/a", generation=1),
+    ]  # fmt: skip
+    for message in samples:
+        assert c.decode_report(c.encode(message)) == message
+    desired = c.DesiredState(cluster="a", generation=1, deployments=[
+        c.DeploymentDesired(name="chat", spec=c.RevisionSpec(model_id="m", revision="r1"))])  # fmt: skip
+    assert c.decode_desired(c.encode(desired)) == desired
+
+
+def test_names_live_in_one_place():
+    assert c.desired_subject("a") == f"$KV.{c.DESIRED_BUCKET}.a"
+    assert c.fact_subject("a", "replica_failed") == "gpufleet.v1.cluster.a.fact.replica_failed"
+    assert c.cluster_from_subject(c.observed_subject("edge-1")) == "edge-1"
+    assert c.cluster_from_subject("other.subject") is None
+    with pytest.raises(ValueError, match="invalid cluster name"):
+        c.observed_subject("a.b")
+
+
+def test_quota_max_below_min_is_refused():
+    with pytest.raises(ValueError, match="must be >= min"):
+        c.ReplicaQuota(min=3, max=1)
