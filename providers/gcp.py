@@ -1,8 +1,11 @@
 """GCP Compute Engine through google-cloud-compute (REST transport).
 
-Idempotency: instance i of key k is named `gf-<k>-<i>` and inserted with
-`requestId = uuid5(k/i)`; GCE de-duplicates the request id, and after its retention a
-repeated insert meets the existing name (409), which counts as success.
+Idempotency: instance i of key k is named `gf-<k>-<i>`; GCE names are unique per zone, so a
+repeated insert (another call, a retry after a crash) meets the existing name (409), which
+counts as success. Each insert also carries a fresh `requestId`, so the client library may
+resend that one request safely. The request id is deliberately *not* derived from the key:
+GCE replays the original operation for a reused id, so a key whose first insert failed
+(stockout) could never be retried.
 Operations are waited for with our own `ZoneOperationsClient.wait` on `*_unary` calls:
 `ExtendedOperation` polling ignores `client_options` and would call the real API.
 Spot preemptions are read from zone operations of type `compute.instances.preempted`.
@@ -44,7 +47,6 @@ LABEL_PURCHASE = "gpufleet-purchase"
 LABEL_GPUS = "gpufleet-gpus"
 PREEMPTED = "compute.instances.preempted"
 SPOT_NOTICE = timedelta(seconds=30)  # GCE: preemption notice is 30 seconds
-_REQUEST_NS = uuid.UUID("6f1d3c52-0e55-4c1e-9a53-3c9f0e4b7a10")
 _MAX_WAITS = 20  # each wait returns when done or after ~2 minutes on GCE
 
 # gpufleet GPU type → GCE accelerator type.
@@ -122,9 +124,9 @@ def instance_name(key: str, index: int) -> str:
     return f"gf-{key}-{index}"
 
 
-def request_id(key: str, index: int) -> str:
-    """GCE wants a UUID; the same key and index always give the same one."""
-    return str(uuid.uuid5(_REQUEST_NS, f"{key}/{index}"))
+def request_id() -> str:
+    """A fresh UUID per insert (see the module docstring for why not one per key)."""
+    return str(uuid.uuid4())
 
 
 def _label(value: str) -> str:
@@ -219,7 +221,7 @@ class GcpProvider:
         request = compute_v1.InsertInstanceRequest(
             project=self._project,
             zone=zone,
-            request_id=request_id(key, index),
+            request_id=request_id(),
             instance_resource=self._resource(pool, key, name),
         )
         doing = f"creating {name} ({pool.instance_type}) for pool {pool.name!r} in {zone}"
