@@ -12,14 +12,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loadgen import http_request, run  # noqa: E402
-from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_port  # noqa: E402
+from bench.loadgen import http_request, run
+from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_port
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
@@ -58,8 +58,14 @@ def uvicorn(target: list[str], env: dict[str, str]) -> Iterator[int]:
 
 
 def seed(url: str) -> str:
-    from controlplane.api.schemas import (GpuTypeSpec, PoolSpec, ProviderSpec, RegionSpec,
-                                          Role, TokenSpec)  # fmt: skip
+    from controlplane.api.schemas import (
+        GpuTypeSpec,
+        PoolSpec,
+        ProviderSpec,
+        RegionSpec,
+        Role,  # fmt: skip
+        TokenSpec,
+    )
     from controlplane.db.migrate import upgrade
     from controlplane.db.session import make_engine, make_session_factory, transaction
     from controlplane.services import inventory as svc

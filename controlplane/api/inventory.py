@@ -48,7 +48,8 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     @router.post("", status_code=201, summary=f"Create a {kind.kind}")
     def create_object(
         request: Request,
-        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm], _: Principal = Depends(writers)
+        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm]
+        _: Principal = Depends(writers),
     ) -> JSONResponse:
         with session_scope(request) as session:
             return _one(kind, svc.create(session, kind, spec, actor_of(request)), 201)
@@ -62,7 +63,8 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     def put_object(
         request: Request,
         ref: str,
-        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm], _: Principal = Depends(writers)
+        spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm]
+        _: Principal = Depends(writers),
     ) -> JSONResponse:
         with session_scope(request) as session:
             result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))
