@@ -19,11 +19,17 @@ from dataclasses import replace
 import numpy as np
 
 from controlplane.placement.constraints import Tables, compile_tables
-from controlplane.placement.model import Assignment, PlacementInput, PlacementResult
-from controlplane.placement.packing import Plan, drop_most_expensive, enforce_spot
-from controlplane.placement.packing import enforce_spread, fill
-from controlplane.placement.repair import improve, place_hard, rehome_displaced
+from controlplane.placement.flow import MAX_CLASSES, ClassFlow
 from controlplane.placement.incremental import replan_deployments
+from controlplane.placement.model import Assignment, PlacementInput, PlacementResult
+from controlplane.placement.packing import (
+    Plan,
+    drop_most_expensive,
+    enforce_spot,
+    enforce_spread,
+    fill,
+)
+from controlplane.placement.repair import improve, place_hard, rehome_displaced
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -86,9 +92,53 @@ def placement_order(t: Tables, plan: Plan) -> list[int]:
     )
 
 
+def assign_quotas(plan: Plan, order: list[int]) -> None:
+    """Run the class-level flow for the missing replicas and hand out per-pool quotas."""
+    t = plan.t
+    deps = t.inp.deployments
+    classes: dict[tuple[int, int, int], int] = {}
+    members: list[list[int]] = []
+    for d in order:
+        missing = deps[d].target_replicas - plan.placed(d)
+        if missing > 0:
+            key = (deps[d].gpus_per_replica, id(t.compat(d)), id(t.cost(d)))
+            c = classes.setdefault(key, len(classes))
+            if c == len(members):
+                members.append([])
+            members[c].append(d)
+    if not members or len(members) > MAX_CLASSES:
+        return
+    n_pool = len(t.pool_ids)
+    cost = np.full((len(members), n_pool), np.inf)
+    supply = np.zeros(len(members), dtype=np.int64)
+    spot = np.zeros(len(members), dtype=np.int64)
+    for c, ds in enumerate(members):
+        d0 = ds[0]
+        cost[c] = np.where(t.compat(d0), t.cost(d0), np.inf)
+        for d in ds:
+            s = deps[d].gpus_per_replica
+            supply[c] += (deps[d].target_replicas - plan.placed(d)) * s
+            spot[c] += max(plan.spot_budget(d), 0) * s
+    free = t.cap - plan.used
+    scarcity = np.array([free[np.isfinite(row)].sum() for row in cost], dtype=float)
+    prio = np.array([-deps[ds[0]].priority for ds in members], dtype=float)
+    rank = np.lexsort((scarcity, prio)).argsort()
+    sizes = np.array([deps[ds[0]].gpus_per_replica for ds in members])
+    flow = ClassFlow(cost, supply, free, t.is_spot, spot, rank, sizes)
+    flow.solve()
+    plan.reserved = np.zeros(len(t.pool_ids), dtype=np.int64)
+    for c, ds in enumerate(members):
+        s = deps[ds[0]].gpus_per_replica
+        quota = flow.f[c] // s
+        plan.reserved += quota * s
+        for d in ds:
+            plan.quota[d] = quota
+
+
 def solve(plan: Plan, order: list[int]) -> None:
     """Phases 2-4 on a plan that already holds the kept replicas."""
     deps = plan.t.inp.deployments
+    assign_quotas(plan, order)
     short: list[int] = []
     for d in order:
         missing = deps[d].target_replicas - plan.placed(d)
@@ -98,6 +148,8 @@ def solve(plan: Plan, order: list[int]) -> None:
         missing = deps[d].target_replicas - plan.placed(d)
         if missing > 0:
             place_hard(plan, d, missing)
+    plan.quota.clear()
+    plan.reserved = None
     rehome_displaced(plan)
     improve(plan, order)
     for d in order:
@@ -109,7 +161,9 @@ def solve(plan: Plan, order: list[int]) -> None:
 def _removed(inp: PlacementInput, current: dict[str, Slots]) -> tuple:
     names = {d.name for d in inp.deployments}
     return tuple(
-        c for name in sorted(current) if name not in names
+        c
+        for name in sorted(current)
+        if name not in names
         for c in removed_deployment_changes(name, current[name])
     )
 
@@ -122,8 +176,10 @@ def place(inp: PlacementInput) -> PlacementResult:
     order = placement_order(t, plan)
     solve(plan, order)
     current = index_current(inp.current)
-    outs = [deployment_output(plan, d, current.get(dep.name, {}))
-            for d, dep in enumerate(inp.deployments)]
+    outs = [
+        deployment_output(plan, d, current.get(dep.name, {}))
+        for d, dep in enumerate(inp.deployments)
+    ]
     return assemble(EngineState(inp, plan, outs, order), _removed(inp, current))
 
 

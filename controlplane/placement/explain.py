@@ -64,34 +64,48 @@ def _static_reason(plan: Plan, dep: Deployment, stages: list[tuple[str, np.ndarr
                 "cluster_health": "bring a cluster drawing on them back to healthy",
             }.get(name, f"relax {name}")
             have = f"; {_pool_list(plan, prev)} match all else" if prev.any() else ""
-            return Unplaced(dep.name, 0, dep.gpus_per_replica, name,
-                            f"{head}; no pool passes {name}{have}; to fix: {fix}")
+            return Unplaced(
+                dep.name,
+                0,
+                dep.gpus_per_replica,
+                name,
+                f"{head}; no pool passes {name}{have}; to fix: {fix}",
+            )
         prev = mask
     raise AssertionError("unreachable: some stage is empty")
 
 
-def _capacity_reason(plan: Plan, dep: Deployment, stages: list[tuple[str, np.ndarray]],
-                     binding: str) -> Unplaced:
+def _capacity_reason(
+    plan: Plan, dep: Deployment, stages: list[tuple[str, np.ndarray]], binding: str
+) -> Unplaced:
     mask = stages[-1][1]
     head = _needs(dep)
     pools = _pool_list(plan, mask)
     pol = dep.policy
     if binding == "min_distinct_providers":
-        msg = (f"{head} on {pol.min_distinct_providers} distinct providers; {pools} match but "
-               "no other provider has room; to fix: add capacity at another provider or "
-               "lower min_distinct_providers")
+        msg = (
+            f"{head} on {pol.min_distinct_providers} distinct providers; {pools} match but "
+            "no other provider has room; to fix: add capacity at another provider or "
+            "lower min_distinct_providers"
+        )
     elif binding == "min_distinct_regions":
-        msg = (f"{head} in {pol.min_distinct_regions} distinct regions; {pools} match but "
-               "no other region has room; to fix: add capacity in another region or lower "
-               "min_distinct_regions")
+        msg = (
+            f"{head} in {pol.min_distinct_regions} distinct regions; {pools} match but "
+            "no other region has room; to fix: add capacity in another region or lower "
+            "min_distinct_regions"
+        )
     elif binding == "max_spot_fraction":
-        msg = (f"{head} with at most {pol.max_spot_fraction:.0%} spot; {pools} match but the "
-               "non-spot ones are full; to fix: add reserved or on-demand capacity or raise "
-               "max_spot_fraction")
+        msg = (
+            f"{head} with at most {pol.max_spot_fraction:.0%} spot; {pools} match but the "
+            "non-spot ones are full; to fix: add reserved or on-demand capacity or raise "
+            "max_spot_fraction"
+        )
     else:
         binding = "capacity"
-        msg = (f"{head}; {pools} match but are full; to fix: add capacity there"
-               f"{_relax_hint(plan, stages)}")
+        msg = (
+            f"{head}; {pools} match but are full; to fix: add capacity there"
+            f"{_relax_hint(plan, stages)}"
+        )
     return Unplaced(dep.name, 0, dep.gpus_per_replica, binding, msg)
 
 
@@ -108,13 +122,18 @@ def explain(plan: Plan, d: int) -> tuple[Unplaced, ...]:
         if n <= 0:
             continue
         winner = deps[by]
-        out.append(Unplaced(
-            dep.name, n, dep.gpus_per_replica, "priority",
-            f"deployment `{dep.name}` was displaced by higher-priority deployment "
-            f"`{winner.name}` (priority {winner.priority} > {dep.priority}) and no other "
-            f"admissible pool has room; to fix: add capacity or raise its priority",
-            displaced_by=winner.name,
-        ))
+        out.append(
+            Unplaced(
+                dep.name,
+                n,
+                dep.gpus_per_replica,
+                "priority",
+                f"deployment `{dep.name}` was displaced by higher-priority deployment "
+                f"`{winner.name}` (priority {winner.priority} > {dep.priority}) and no other "
+                f"admissible pool has room; to fix: add capacity or raise its priority",
+                displaced_by=winner.name,
+            )
+        )
         missing -= n
     if missing > 0:
         stages = plan.t.stage_masks(dep)
@@ -122,6 +141,5 @@ def explain(plan: Plan, d: int) -> tuple[Unplaced, ...]:
             base = _static_reason(plan, dep, stages)
         else:
             base = _capacity_reason(plan, dep, stages, plan.blocked.get(d, "capacity"))
-        out.append(Unplaced(dep.name, missing, dep.gpus_per_replica, base.constraint,
-                            base.reason))
+        out.append(Unplaced(dep.name, missing, dep.gpus_per_replica, base.constraint, base.reason))
     return tuple(out)

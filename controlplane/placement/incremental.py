@@ -82,8 +82,10 @@ def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResu
         d
         for d, o in enumerate(old_of)
         if o is None
-        or (inp.deployments[d] is not t_old.inp.deployments[o]
-            and inp.deployments[d] != t_old.inp.deployments[o])
+        or (
+            inp.deployments[d] is not t_old.inp.deployments[o]
+            and inp.deployments[d] != t_old.inp.deployments[o]
+        )
     ]
     for d in changed:
         slots = dict(plan.alloc[d])
@@ -105,9 +107,7 @@ def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResu
 
 def _settle(plan: Plan, changed: list[int], state: EngineState, old_of: list[int | None]) -> None:
     deps = plan.t.inp.deployments
-    retry = [
-        d for d, o in enumerate(old_of) if o is not None and state.outputs[o].unplaced
-    ]
+    retry = [d for d, o in enumerate(old_of) if o is not None and state.outputs[o].unplaced]
     order = sorted(set(changed) | set(retry), key=lambda d: (-deps[d].priority, d))
     for d in order:
         missing = deps[d].target_replicas - plan.placed(d)
@@ -144,7 +144,8 @@ def _outputs(
         for o, out in enumerate(state.outputs)
         if o not in alive
         for c in removed_deployment_changes(
-            state.inp.deployments[o].name, {(a.cluster, a.pool): a.replicas for a in out.assignments}
+            state.inp.deployments[o].name,
+            {(a.cluster, a.pool): a.replicas for a in out.assignments},
         )
     )
     order = sorted(range(len(inp.deployments)), key=lambda d: (-inp.deployments[d].priority, d))

@@ -65,7 +65,7 @@ class PlacementPolicy:
     allowed_regions: frozenset[str] = frozenset()
     required_certifications: frozenset[str] = frozenset()
     spot_allowed: bool = False
-    max_spot_fraction: float = 0.0  # of placed replicas, when spot_allowed
+    max_spot_fraction: float = 0.0  # spot replicas <= floor(this x target replicas)
     min_distinct_providers: int = 1  # placed replicas span >= min(this, placed) providers
     min_distinct_regions: int = 1  # placed replicas span >= min(this, placed) regions
 

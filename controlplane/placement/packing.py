@@ -4,8 +4,7 @@ Invariants kept by every operation here: no pool's used GPUs exceed its usable G
 (capacity + procurable, 0 without a healthy cluster); a replica only lands on a pool its
 deployment's static constraints admit; a deployment's placed replicas span at least
 min(min_distinct_X, placed) providers and regions once `enforce_spread` has run; spot
-replicas never exceed floor(max_spot_fraction x target) during fill (and x placed after
-`enforce_spot`).
+replicas never exceed floor(max_spot_fraction x target replicas).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from controlplane.placement.constraints import Tables
 
 INF = math.inf
 EPS_FIT = 1e-7  # tie-break: among equally cheap pools take the fullest one (best fit)
+QUOTA_BONUS = 1e6  # $/GPU-hour: a flow quota beats any price difference
 
 
 @dataclass
@@ -31,6 +31,8 @@ class Plan:
     displaced: dict[int, dict[int, int]] = field(default_factory=dict)  # victim -> {by: n}
     kept: list[dict[int, int]] = field(default_factory=list)  # replicas kept from current
     touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
+    quota: dict[int, np.ndarray] = field(default_factory=dict)  # replicas per pool, by flow
+    reserved: np.ndarray | None = None  # GPUs per pool still promised to quotas
 
     @classmethod
     def empty(cls, t: Tables) -> Plan:
@@ -98,11 +100,21 @@ def spread_ok(plan: Plan, d: int) -> bool:
     return len(provs) >= kp and len(regs) >= kr
 
 
+def free_for(plan: Plan, d: int) -> np.ndarray:
+    """GPUs per pool deployment d may take now: others' flow quotas are not free for it."""
+    free = plan.t.cap - plan.used
+    if plan.reserved is not None:
+        quota = plan.quota.get(d)
+        own = quota * plan.size(d) if quota is not None else 0
+        free = free - plan.reserved + own
+    return free
+
+
 def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
     """Effective cost of every pool that can take one more replica of d now (inf if not)."""
     t = plan.t
     s = plan.size(d)
-    ok = t.compat(d) & (t.cap - plan.used >= s)
+    ok = t.compat(d) & (free_for(plan, d) >= s)
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot
     if exclude >= 0:
@@ -116,7 +128,7 @@ def _spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, st
     target = t.inp.deployments[d].target_replicas
     provs, regs = plan.spread_sets(d)
     kp, kr = spread_need(plan, d, target)
-    need_p, need_r = len(provs) < kp, len(regs) < kr
+    need_p, need_r = 0 < len(provs) < kp, 0 < len(regs) < kr
     if not (need_p or need_r):
         return cost, None
     new_p = ~np.isin(t.pool_provider, list(provs)) if need_p else True
@@ -141,7 +153,10 @@ def fill(plan: Plan, d: int, k: int) -> int:
     while placed < k:
         cost = candidates(plan, d)
         cost, unmet = _spread_filter(plan, d, cost)
-        free = t.cap - plan.used
+        free = free_for(plan, d)
+        quota = plan.quota.get(d)
+        if quota is not None:  # pools the class-level flow reserved for this shape first
+            cost = np.where(quota > 0, cost - QUOTA_BONUS, cost)
         p = int(np.argmin(cost + EPS_FIT * free))
         if not math.isfinite(cost[p]):
             plan.blocked[d] = unmet or "capacity"
@@ -149,6 +164,11 @@ def fill(plan: Plan, d: int, k: int) -> int:
         n = 1 if unmet else min(k - placed, int(free[p]) // s)
         if t.is_spot[p]:
             n = min(n, plan.spot_budget(d))
+        if quota is not None and quota[p] > 0:
+            n = min(n, int(quota[p]))
+            quota[p] -= n
+            if plan.reserved is not None:
+                plan.reserved[p] -= n * s
         plan.add(d, p, n)
         placed += n
     plan.blocked.pop(d, None)
@@ -170,13 +190,9 @@ def drop_most_expensive(plan: Plan, d: int, n: int, among: set[int] | None = Non
 
 
 def enforce_spot(plan: Plan, d: int) -> None:
-    """Trim spot replicas until spot <= floor(max_spot_fraction x placed)."""
+    """Trim spot replicas until spot <= floor(max_spot_fraction x target replicas)."""
     t = plan.t
-    frac = t.inp.deployments[d].policy.max_spot_fraction
-    while True:
-        spot = plan.spot_count(d)
-        if spot <= math.floor(frac * plan.placed(d) + 1e-9):
-            return
+    while plan.spot_budget(d) < 0:
         plan.blocked[d] = "max_spot_fraction"
         drop_most_expensive(plan, d, 1, {p for p in plan.alloc[d] if t.is_spot[p]})
 

@@ -112,8 +112,10 @@ def displace(plan: Plan, d: int) -> bool:
         p = int(p)
         if not math.isfinite(cost[p]):
             return False
-        lower = sorted((e for e in plan.members[p] if deps[e].priority < prio),
-                       key=lambda e: (deps[e].priority, plan.size(e), e))
+        lower = sorted(
+            (e for e in plan.members[p] if deps[e].priority < prio),
+            key=lambda e: (deps[e].priority, plan.size(e), e),
+        )
         room = int(t.cap[p] - plan.used[p])
         if room + sum(plan.members[p][e] * plan.size(e) for e in lower) < s:
             continue

@@ -1,0 +1,156 @@
+"""HiGHS lower bounds for tests and benchmarks; never on the critical path.
+
+The model relaxes the engine's problem: deployments with the same shape (replica size,
+GPU types, jurisdiction/region/certification/spot policy, traffic) are merged into one
+class, spread rules and priorities are dropped, and the spot fraction is summed per class.
+Every engine placement is feasible for it, so its optimum bounds the engine from below:
+  LP:  x >= 0 continuous -> `cost` (min effective $/hour) and `unplaced_gpus`, lexicographic
+       (unplaced first, via a penalty far above any price).
+  MIP: x integer, objective = unplaced GPUs only -> a bound (and best found) on how many
+       GPUs no placement can avoid leaving unplaced, within a time limit.
+highspy is imported lazily so the engine package never needs it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.placement.constraints import compile_tables
+from controlplane.placement.model import PlacementInput
+
+
+@dataclass(frozen=True)
+class Bound:
+    cost: float  # effective $/hour of the placed part (engine objective units)
+    unplaced_gpus: float  # LP: fractional; MIP: the best integer solution found
+    unplaced_bound: float  # a proven lower bound on unplaced GPUs
+    seconds: float
+    classes: int
+    pairs: int
+
+
+@dataclass
+class _Model:
+    sizes: np.ndarray
+    counts: np.ndarray
+    spot_cap: np.ndarray
+    pair_class: np.ndarray
+    pair_pool: np.ndarray
+    pair_cost: np.ndarray
+    pair_spot: np.ndarray
+    cap: np.ndarray
+
+
+def _classes(inp: PlacementInput) -> _Model:
+    t = compile_tables(inp)
+    keys: dict[tuple, int] = {}
+    members: list[int] = []
+    counts: list[int] = []
+    spot_cap: list[int] = []
+    for d, dep in enumerate(inp.deployments):
+        pol = dep.policy
+        key = (
+            dep.gpus_per_replica,
+            tuple(sorted(dep.gpu_types)),
+            pol.allowed_jurisdictions,
+            pol.allowed_regions,
+            pol.required_certifications,
+            pol.spot_allowed and pol.max_spot_fraction > 0,
+            tuple(sorted(dep.traffic.items())),
+        )
+        c = keys.setdefault(key, len(keys))
+        if c == len(members):
+            members.append(d)
+            counts.append(0)
+            spot_cap.append(0)
+        counts[c] += dep.target_replicas
+        if pol.spot_allowed:
+            spot_cap[c] += math.floor(pol.max_spot_fraction * dep.target_replicas + 1e-9)
+    pc, pp, cost = [], [], []
+    for c, d in enumerate(members):
+        idx = np.flatnonzero(t.compat(d))
+        pc.append(np.full(len(idx), c))
+        pp.append(idx)
+        cost.append(t.cost(d)[idx] * inp.deployments[d].gpus_per_replica)
+    pair_pool = np.concatenate(pp) if pp else np.zeros(0, dtype=np.int64)
+    return _Model(
+        sizes=np.array([inp.deployments[d].gpus_per_replica for d in members], dtype=float),
+        counts=np.array(counts, dtype=float),
+        spot_cap=np.array(spot_cap, dtype=float),
+        pair_class=np.concatenate(pc) if pc else np.zeros(0, dtype=np.int64),
+        pair_pool=pair_pool,
+        pair_cost=np.concatenate(cost) if cost else np.zeros(0),
+        pair_spot=t.is_spot[pair_pool],
+        cap=t.cap.astype(float),
+    )
+
+
+def _solve(m: _Model, integer: bool, time_limit: float) -> tuple[float, float, float, float]:
+    import highspy
+
+    n_c, n_p, n_x = len(m.counts), len(m.cap), len(m.pair_pool)
+    penalty = 1e3 * (float(m.pair_cost.max() / m.sizes.max()) if n_x else 1.0) + 1e3
+    # columns: pairs, then one "unplaced" column per class
+    spot_row = n_c + n_p + m.pair_class
+    rows, cols, vals = [], [], []
+    j = np.arange(n_x)
+    rows += [m.pair_class, n_c + m.pair_pool]
+    cols += [j, j]
+    vals += [np.ones(n_x), m.sizes[m.pair_class]]
+    s = np.flatnonzero(m.pair_spot)
+    rows.append(spot_row[s])
+    cols.append(s)
+    vals.append(np.ones(len(s)))
+    rows.append(np.arange(n_c))
+    cols.append(n_x + np.arange(n_c))
+    vals.append(np.ones(n_c))
+    r, c, v = (np.concatenate(a) for a in (rows, cols, vals))
+    order = np.lexsort((r, c))
+    r, c, v = r[order], c[order], v[order]
+    n_cols = n_x + n_c
+    starts = np.searchsorted(c, np.arange(n_cols + 1))
+    if integer:
+        obj = np.concatenate([np.zeros(n_x), m.sizes])
+    else:
+        obj = np.concatenate([m.pair_cost, penalty * m.sizes])
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n_cols, 2 * n_c + n_p
+    lp.col_cost_ = obj
+    lp.col_lower_ = np.zeros(n_cols)
+    lp.col_upper_ = np.full(n_cols, highspy.kHighsInf)
+    lp.row_lower_ = np.concatenate([m.counts, np.full(n_p + n_c, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([m.counts, m.cap, m.spot_cap])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = starts.astype(np.int32)
+    lp.a_matrix_.index_ = r.astype(np.int32)
+    lp.a_matrix_.value_ = v
+    if integer:
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * n_cols
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.passModel(lp)
+    h.run()
+    x = np.array(h.getSolution().col_value)
+    unplaced = float((x[n_x:] * m.sizes).sum())
+    cost = float((x[:n_x] * m.pair_cost).sum())
+    bound = h.getInfo().mip_dual_bound if integer else unplaced
+    return cost, unplaced, float(bound), float(h.getRunTime())
+
+
+def lower_bound(inp: PlacementInput, time_limit: float = 120.0) -> Bound:
+    """LP relaxation: min unplaced GPUs, then min effective cost (see module docstring)."""
+    m = _classes(inp)
+    cost, unplaced, bound, secs = _solve(m, integer=False, time_limit=time_limit)
+    return Bound(cost, unplaced, bound - 1e-6, secs, len(m.counts), len(m.pair_pool))
+
+
+def unplaced_optimum(inp: PlacementInput, time_limit: float = 20.0) -> Bound:
+    """MIP on the merged classes: fewest unplaced GPUs any integer placement can reach."""
+    m = _classes(inp)
+    _, unplaced, bound, secs = _solve(m, integer=True, time_limit=time_limit)
+    return Bound(math.nan, unplaced, bound, secs, len(m.counts), len(m.pair_pool))
