@@ -29,7 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from controlplane.bus import (  # noqa: E402
+from controlplane.bus import (
     ReportConsumer,
     ensure_bus,
     generate_cluster_credentials,
@@ -38,7 +38,7 @@ from controlplane.bus import (  # noqa: E402
     render_server_config,
     write_server_config,
 )
-from controlplane.contracts import (  # noqa: E402
+from controlplane.contracts import (
     DeploymentDesired,
     DesiredState,
     DesiredStateApplied,
@@ -47,7 +47,7 @@ from controlplane.contracts import (  # noqa: E402
     ReplicaQuota,
     RevisionSpec,
 )
-from controlplane.local.nats import NatsServer, free_port  # noqa: E402
+from controlplane.local.nats import NatsServer, free_port
 
 CLUSTER = "bench"
 BARE_BUCKET, BARE_STREAM, BARE_ACK = "bench_bare", "BENCH_BARE_ACKS", "bench.bare.ack"

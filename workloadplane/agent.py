@@ -74,6 +74,8 @@ class Agent:
         self._known: dict[str, ReplicaState] | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._sync_task: asyncio.Task[None] | None = None
+        self._unsynced = False
         if self.desired is not None:
             log.info("loaded desired generation %s from disk", self.desired.generation)
             self._wake.set()
@@ -94,6 +96,25 @@ class Agent:
             self.store.save(state)
             self.desired = state
         self._wake.set()
+        self._schedule_sync()
+
+    def _schedule_sync(self) -> None:
+        """fsync in a thread, off the propagation path, coalescing bursts of snapshots.
+
+        The rename already happened, so an agent crash cannot lose the snapshot; only a
+        power loss within the next few ms could — and it takes the replicas with it, and the
+        control plane re-sends the newest generation on reconnect."""
+        self._unsynced = True
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.create_task(self._sync_until_clean())
+
+    async def _sync_until_clean(self) -> None:
+        while self._unsynced:
+            self._unsynced = False
+            try:
+                await asyncio.to_thread(self.store.sync)
+            except OSError:
+                log.exception("fsync of the desired-state file failed")
 
     async def reconcile_once(self) -> None:
         """List replicas, report transitions, carry out reconcile's actions, acknowledge."""

@@ -11,6 +11,7 @@ def test_save_then_load_round_trips(tmp_path: Path):
     assert store.load() is None
     state = make_desired(7, make_deployment())
     store.save(state)
+    store.sync()
     assert DesiredStateStore(tmp_path / "state").load() == state
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["desired-state.json"]
 
