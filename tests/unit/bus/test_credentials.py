@@ -44,3 +44,4 @@ def test_rendered_config_is_valid_for_nats_server(tmp_path: Path):
     assert check.returncode == 0, check.stderr
     assert "port: 4333" in text
     assert '"cluster-edge-1"' in text
+    assert text.count('password: "$2a$10$') == 4  # only bcrypt hashes, never a password
