@@ -79,7 +79,7 @@ def seed(url: str) -> str:
         svc.create(
             s,
             KINDS["providers"],
-            ProviderSpec(name="aws-main", kind="aws", provider_class="hyperscaler"),
+            ProviderSpec(name="aws-main", provider_kind="aws", provider_class="hyperscaler"),
             actor,
         )  # type: ignore[arg-type]
         svc.create(

@@ -64,7 +64,10 @@ class ProviderClass(StrEnum):
 
 class ProviderSpec(Spec):
     name: Name
-    kind: ProviderKind
+    provider_kind: ProviderKind = Field(
+        description="Which cloud (aws, gcp, lambda, local…). Not `kind`: that names the object "
+        "type in manifests and responses (kind: Provider)."
+    )
     provider_class: ProviderClass
     certifications: list[Certification] = Field(default_factory=list)
     credentials_ref: Annotated[str, StringConstraints(pattern=CREDENTIALS_REF)] | None = Field(

@@ -84,7 +84,7 @@ def _contains(column: Any) -> Filter:
 def _load_provider(row: m.Provider) -> dict[str, Any]:
     return {
         "name": row.name,
-        "kind": row.kind,
+        "provider_kind": row.kind,
         "provider_class": row.provider_class,
         "certifications": row.certifications,
         "credentials_ref": row.credentials_ref,
@@ -94,7 +94,7 @@ def _load_provider(row: m.Provider) -> dict[str, Any]:
 
 def _apply_provider(session: Session, row: m.Provider, spec: ProviderSpec) -> None:
     row.name = spec.name
-    row.kind = spec.kind.value
+    row.kind = spec.provider_kind.value
     row.provider_class = spec.provider_class.value
     row.certifications = list(spec.certifications)
     row.credentials_ref = spec.credentials_ref
@@ -352,7 +352,7 @@ KINDS: dict[str, ResourceKind] = {
             "Provider", "providers", m.Provider, ProviderSpec, Role.admin,
             _load_provider, _apply_provider, _check_delete_provider,
             {
-                "kind": _eq(m.Provider.kind),
+                "provider_kind": _eq(m.Provider.kind),
                 "provider_class": _eq(m.Provider.provider_class),
                 "certification": _contains(m.Provider.certifications),
             },

@@ -6,7 +6,7 @@ from typing import Any
 
 
 def provider(name: str = "aws-main", **kw: Any) -> dict[str, Any]:
-    return {"name": name, "kind": "aws", "provider_class": "hyperscaler",
+    return {"name": name, "provider_kind": "aws", "provider_class": "hyperscaler",
             "certifications": ["SOC2", "HIPAA"], "credentials_ref": "env:AWS_PROFILE"} | kw  # fmt: skip
 
 

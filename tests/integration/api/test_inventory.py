@@ -176,3 +176,13 @@ def test_health_needs_no_token_and_readiness_checks_the_database(app_client):
     assert app_client.get("/healthz").json() == {"status": "ok"}
     assert app_client.get("/readyz").status_code == 200
     assert "/api/v1/pools" in app_client.get("/api/v1/openapi.json").json()["paths"]
+
+
+def test_every_object_says_its_kind_and_a_provider_its_cloud(admin):
+    b.seed(admin)
+    provider = admin.get("providers/aws-main").json()
+    assert (provider["kind"], provider["provider_kind"]) == ("Provider", "aws")
+    assert admin.get("gpu-types/H100-80G").json()["kind"] == "GpuType"
+    assert [p["name"] for p in admin.get("providers", provider_kind="aws").json()["items"]] == [
+        "aws-main"
+    ]
