@@ -151,11 +151,11 @@ def solve(plan: Plan, order: list[int]) -> None:
     plan.quota.clear()
     plan.reserved = None
     rehome_displaced(plan)
-    improve(plan, order)
     for d in order:
         if plan.alloc[d]:
             enforce_spot(plan, d)
             enforce_spread(plan, d)
+    improve(plan, order)
 
 
 def _removed(inp: PlacementInput, current: dict[str, Slots]) -> tuple:

@@ -7,6 +7,8 @@ else capacity / spread / spot fraction / priority), the pools that match, and en
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from controlplane.placement.model import Deployment, Unplaced
@@ -47,7 +49,7 @@ def _relax_hint(plan: Plan, stages: list[tuple[str, np.ndarray]]) -> str:
     """The policy constraint whose removal would free the most GPUs."""
     free = plan.t.cap - plan.used
     best, gain = "", 0
-    for (_, before), (name, after) in zip(stages[:-2], stages[1:-1], strict=True):
+    for (_, before), (name, after) in itertools.pairwise(stages[:-1]):
         lost = int(free[before & ~after].sum())
         if lost > gain:
             best, gain = name, lost

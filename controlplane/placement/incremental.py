@@ -117,11 +117,11 @@ def _settle(plan: Plan, changed: list[int], state: EngineState, old_of: list[int
             else:
                 fill(plan, d, missing)
     rehome_displaced(plan)
-    improve(plan, [d for d in order if d in changed], passes=1)
     for d in order:
         if plan.alloc[d]:
             enforce_spot(plan, d)
             enforce_spread(plan, d)
+    improve(plan, [d for d in order if d in changed], passes=1)
 
 
 def _outputs(

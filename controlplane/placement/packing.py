@@ -198,20 +198,23 @@ def enforce_spot(plan: Plan, d: int) -> None:
 
 
 def enforce_spread(plan: Plan, d: int) -> None:
-    """Move or trim replicas until the spread rule holds (it always holds with 1 replica)."""
+    """Trim the most crowded provider/region until the spread rule holds, refill once.
+
+    Always terminates: a single replica satisfies the rule.
+    """
     t = plan.t
-    for _ in range(64):
-        if spread_ok(plan, d):
-            return
-        provs, regs = plan.spread_sets(d)
-        kp, _kr = spread_need(plan, d, plan.placed(d))
-        key = t.pool_provider if len(provs) < kp else t.pool_region
-        counts: dict[int, int] = {}
-        for p, n in plan.alloc[d].items():
-            counts[int(key[p])] = counts.get(int(key[p]), 0) + n
-        crowded = max(counts, key=lambda g: (counts[g], -g))
-        drop_most_expensive(plan, d, 1, {p for p in plan.alloc[d] if key[p] == crowded})
-        if fill(plan, d, 1) == 0:
-            plan.blocked[d] = (
-                "min_distinct_providers" if key is t.pool_provider else "min_distinct_regions"
-            )
+    for attempt in range(2):
+        while not spread_ok(plan, d):
+            provs, _regs = plan.spread_sets(d)
+            kp, _kr = spread_need(plan, d, plan.placed(d))
+            by_provider = len(provs) < kp
+            key = t.pool_provider if by_provider else t.pool_region
+            counts: dict[int, int] = {}
+            for p, n in plan.alloc[d].items():
+                counts[int(key[p])] = counts.get(int(key[p]), 0) + n
+            crowded = max(counts, key=lambda g: (counts[g], -g))
+            drop_most_expensive(plan, d, 1, {p for p in plan.alloc[d] if key[p] == crowded})
+            plan.blocked[d] = "min_distinct_providers" if by_provider else "min_distinct_regions"
+        missing = t.inp.deployments[d].target_replicas - plan.placed(d)
+        if attempt == 0 and missing > 0 and plan.alloc[d]:
+            fill(plan, d, missing)

@@ -53,7 +53,10 @@ def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, i
         key=lambda e: (plan.size(e) < need, plan.size(e), e),
     )
     for e in victims:
-        while e in plan.members[p] and plan.t.cap[p] - plan.used[p] < need:
+        # replicas kept from the current placement are not moved for others (churn)
+        while (
+            plan.alloc[e].get(p, 0) > plan.kept[e].get(p, 0) and plan.t.cap[p] - plan.used[p] < need
+        ):
             q = _move_one(plan, e, p)
             if q is None:
                 break
@@ -142,7 +145,7 @@ def rehome_displaced(plan: Plan) -> None:
             del plan.displaced[e]
 
 
-def improve(plan: Plan, order: list[int], passes: int = 3) -> None:
+def improve(plan: Plan, order: list[int], passes: int = 8) -> None:
     """Move replicas into cheaper pools with room until no move saves enough."""
     churn = plan.t.inp.weights.churn_cost_per_gpu_hour
     for _ in range(passes):

@@ -1,0 +1,151 @@
+"""Placement scenarios, each a short story about one rule of the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from controlplane.placement import Cluster, PlacementInputError, place, replan
+from tests.unit.placement.builders import make_deployment, make_input, make_pool, replicas_by_pool
+
+
+def test_residency_restricted_deployment_stays_in_its_jurisdiction_even_when_dearer():
+    cheap_us = make_pool("aws-us-h100", price=1.0, capacity=64)
+    dear_de = make_pool("aws-de-h100", region="aws:eu-central-1", price=5.0, capacity=64)
+    eu_only = make_deployment(
+        "eu-chat", gpus=8, replicas=3, allowed_jurisdictions=frozenset({"DE"})
+    )
+
+    result = place(make_input([cheap_us, dear_de], [eu_only]))
+
+    assert replicas_by_pool(result, "eu-chat") == {"aws-de-h100": 3}
+
+
+def test_reserved_fills_before_spot_and_spot_before_on_demand():
+    reserved = make_pool("res", purchase="reserved", capacity=8, price=2.5)
+    spot = make_pool(
+        "spot", purchase="spot", capacity=0, procurable=16, price=1.2, interruption_rate=0.1
+    )
+    on_demand = make_pool("od", capacity=0, procurable=64, price=3.0)
+    dep = make_deployment("chat", gpus=8, replicas=4, spot_allowed=True, max_spot_fraction=0.5)
+
+    result = place(make_input([reserved, spot, on_demand], [dep]))
+
+    assert replicas_by_pool(result, "chat") == {"res": 1, "spot": 2, "od": 1}
+    bought = {p.pool: p.gpus for p in result.procurement}
+    assert bought == {"spot": 16, "od": 8}
+
+
+def test_losing_a_provider_keeps_a_replica_of_each_two_provider_deployment():
+    pools = [
+        make_pool("aws-a", provider="aws", capacity=32, price=2.0),
+        make_pool("gcp-a", provider="gcp", region="gcp:us-central1", capacity=32, price=3.0),
+        make_pool("lambda-a", provider="lambda", region="lambda:us-tx", capacity=32, price=2.5),
+    ]
+    deps = [
+        make_deployment(f"d{i}", gpus=2, replicas=3, min_distinct_providers=2) for i in range(4)
+    ]
+    result = place(make_input(pools, deps))
+    for dep in deps:
+        by_provider = {p.split("-")[0] for p in replicas_by_pool(result, dep.name)}
+        assert len(by_provider) >= 2, dep.name
+
+    without_aws = make_input(pools[1:], deps, current=result.assignments)
+    after = place(without_aws)
+    for dep in deps:
+        assert sum(replicas_by_pool(after, dep.name).values()) >= 1
+
+
+def test_explanation_names_the_binding_certification_constraint():
+    pools = [
+        make_pool("aws-us-east-1-h100-od", capacity=8, certifications=frozenset({"HIPAA"})),
+        make_pool(
+            "lambda-us-tx",
+            provider="lambda",
+            region="lambda:us-tx",
+            capacity=8,
+            certifications=frozenset({"HIPAA"}),
+        ),
+        make_pool("cheap-no-hipaa", capacity=64, price=1.0),
+    ]
+    filler = make_deployment(
+        "filler", gpus=8, replicas=2, priority=5, required_certifications=frozenset({"HIPAA"})
+    )
+    triage = make_deployment(
+        "triage-llm",
+        gpus=8,
+        replicas=1,
+        allowed_jurisdictions=frozenset({"US", "CA"}),
+        required_certifications=frozenset({"HIPAA"}),
+    )
+
+    result = place(make_input(pools, [filler, triage]))
+
+    (unplaced,) = result.unplaced
+    assert unplaced.deployment == "triage-llm"
+    assert unplaced.constraint == "capacity"
+    assert "HIPAA in CA or US" in unplaced.reason
+    assert "`aws-us-east-1-h100-od`" in unplaced.reason and "`lambda-us-tx`" in unplaced.reason
+    assert "relax required_certifications" in unplaced.reason
+
+
+def test_explanation_when_no_pool_passes_a_static_constraint():
+    result = place(
+        make_input(
+            [make_pool("us")], [make_deployment("eu", allowed_jurisdictions=frozenset({"DE"}))]
+        )
+    )
+    (u,) = result.unplaced
+    assert u.constraint == "allowed_jurisdictions"
+    assert "to fix: relax allowed_jurisdictions" in u.reason
+
+
+def test_higher_priority_displaces_lower_priority_and_it_is_reported():
+    pool = make_pool("only", capacity=16)
+    low = make_deployment("batch", gpus=8, replicas=2, priority=0)
+    first = place(make_input([pool], [low]))
+    high = make_deployment("prod", gpus=8, replicas=1, priority=10)
+
+    result = place(make_input([pool], [low, high], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"only": 1}
+    (u,) = result.unplaced
+    assert (u.deployment, u.displaced_by, u.constraint) == ("batch", "prod", "priority")
+    assert any(c.kind == "remove" and c.deployment == "batch" for c in result.changes)
+
+
+def test_unhealthy_cluster_receives_nothing_and_its_replicas_move():
+    pools = [make_pool("a", capacity=16, price=1.0), make_pool("b", capacity=16, price=2.0)]
+    dep = make_deployment("chat", gpus=8, replicas=2)
+    first = place(make_input(pools, [dep]))
+    assert replicas_by_pool(first, "chat") == {"a": 2}
+    inp = make_input(pools, [dep], current=first.assignments)
+    down = dataclasses.replace(
+        inp, clusters=(Cluster("c-a", ("a",), "unhealthy"), Cluster("c-b", ("b",)))
+    )
+    result = place(down)
+    assert replicas_by_pool(result, "chat") == {"b": 2}
+    assert {c.kind for c in result.changes} == {"move"}
+
+
+def test_stable_input_moves_nothing_and_small_change_moves_little():
+    pools = [make_pool(f"p{i}", capacity=16, price=1.0 + i / 10) for i in range(4)]
+    deps = [make_deployment(f"d{i}", gpus=2, replicas=3) for i in range(5)]
+    first = place(make_input(pools, deps))
+    again = place(make_input(pools, deps, current=first.assignments))
+    assert again.changes == ()
+    bigger = [*deps[:-1], dataclasses.replace(deps[-1], wanted_replicas=4)]
+    inc = replan(first, make_input(pools, bigger))
+    assert [(c.kind, c.deployment, c.replicas) for c in inc.changes] == [("add", "d4", 1)]
+
+
+def test_cost_per_hour_counts_list_prices():
+    result = place(make_input([make_pool("p", price=2.0)], [make_deployment("x", gpus=4)]))
+    assert result.cost_per_hour == {"x": 8.0}
+    assert result.total_cost_per_hour == 8.0
+
+
+def test_bad_input_says_what_to_fix():
+    with pytest.raises(PlacementInputError, match="unknown region"):
+        place(make_input([make_pool("p", region="nowhere")], []))
