@@ -108,8 +108,8 @@ def seed(url: str) -> str:
             )  # type: ignore[arg-type]
             svc.create(s, KINDS["pools"], spec, actor)
     engine.dispose()
-    assert token.secret
-    return token.secret
+    assert token.secrets
+    return token.secrets["token"]
 
 
 def main() -> int:

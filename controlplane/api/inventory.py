@@ -15,8 +15,7 @@ from controlplane.services.resources import KINDS, ResourceKind
 
 def _one(kind: ResourceKind, result: svc.WriteResult, status: int = 200) -> JSONResponse:
     body = svc.to_json(kind, result.row)
-    if result.secret is not None:
-        body["token"] = result.secret
+    body.update(result.secrets or {})
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{result.row.generation}"'})
 
 

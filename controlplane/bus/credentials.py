@@ -89,7 +89,8 @@ def _quote(value: str) -> str:
 
 
 def _render_user(creds: NatsCredentials, perms: NatsPermissions | None) -> str:
-    hashed = hash_password(creds.password)
+    # Already a bcrypt hash (what the control plane stores for clusters): use it as is.
+    hashed = creds.password if creds.password.startswith("$2") else hash_password(creds.password)
     lines = [f"    {{ user: {_quote(creds.user)}, password: {_quote(hashed)}"]
     if perms is not None:
         pub = ", ".join(_quote(s) for s in perms.publish)

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.api.schemas import REVISION_FIELDS, Spec
+from controlplane.bus.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
 from controlplane.services import audit
@@ -40,7 +41,8 @@ class WriteResult:
     row: Any
     created: bool = False
     changed: bool = False
-    secret: str | None = None
+    secrets: dict[str, Any] | None = None
+    """Shown once in the create response (a token, a cluster's NATS credentials)."""
 
 
 def parse_spec(kind: ResourceKind, body: Mapping[str, Any]) -> Spec:
@@ -125,13 +127,13 @@ def create(session: Session, kind: ResourceKind, spec: Spec, actor: Actor) -> Wr
     row = kind.row()
     row.generation = 1
     kind.apply(session, row, spec)
-    secret = _on_create(session, row)
+    secrets = _on_create(session, row)
     session.add(row)
     session.flush()
     after = spec_json(kind, row)
     audit.record(session, actor=actor.name, action="create", kind=kind.kind, resource_id=row.id,
                  name=row.name, before=None, after=after, request_id=actor.request_id)  # fmt: skip
-    return WriteResult(row, created=True, changed=True, secret=secret)
+    return WriteResult(row, created=True, changed=True, secrets=secrets)
 
 
 def replace(
@@ -230,14 +232,18 @@ def _check_generation(kind: ResourceKind, row: Any, expected: int | None) -> Non
         )
 
 
-def _on_create(session: Session, row: Any) -> str | None:
-    """Kind-specific first-write work; returns a secret to show exactly once, if any."""
+def _on_create(session: Session, row: Any) -> dict[str, Any] | None:
+    """Kind-specific first-write work; returns secrets to show exactly once, if any."""
     if isinstance(row, m.Deployment):
         row.revision = 1
         row.revisions.append(m.DeploymentRevision(revision=1, spec=revision_spec(row)))
     if isinstance(row, m.ApiToken):
         secret, row.token_hash, row.prefix = new_token()
-        return secret
+        return {"token": secret}
+    if isinstance(row, m.Cluster):
+        creds = generate_cluster_credentials(row.name)
+        row.nats_user, row.nats_password_hash = creds.user, hash_password(creds.password)
+        return {"nats_credentials": {"user": creds.user, "password": creds.password}}
     return None
 
 

@@ -17,4 +17,4 @@ def ensure_admin_token(session: Session, name: str = "admin") -> str | None:
         return None
     spec = TokenSpec(name=name, role=Role.admin, description="created at first start")
     result = inventory.create(session, KINDS["tokens"], spec, inventory.Actor("system:bootstrap"))
-    return result.secret
+    return (result.secrets or {}).get("token")

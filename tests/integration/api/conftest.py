@@ -45,8 +45,8 @@ def tokens(session_factory: sessionmaker[Session], engine: Engine) -> Iterator[d
         for role in Role:
             spec = TokenSpec(name=f"{role.value}-token", role=role)
             result = inventory.create(session, KINDS["tokens"], spec, inventory.Actor("test"))
-            assert result.secret
-            secrets[role.value] = result.secret
+            assert result.secrets
+            secrets[role.value] = result.secrets["token"]
     yield secrets
     _truncate(engine)
 

@@ -68,3 +68,21 @@ def test_the_last_admin_token_cannot_be_removed(admin, session_factory):
     assert "create another admin token first" in refused.json()["detail"]
     with session_factory() as s, s.begin():
         assert ensure_admin_token(s) is None  # tokens exist: no second bootstrap token
+
+
+def test_a_new_cluster_gets_nats_credentials_once_and_only_a_hash_is_kept(admin, session_factory):
+    from controlplane.db import models as m
+    from tests.integration.api import builders as b
+
+    b.seed(admin)
+    created = admin.post("clusters", b.cluster("use1-b"))
+    creds = created.json()["nats_credentials"]
+    assert creds["user"] == "cluster-use1-b"
+    assert len(creds["password"]) >= 40
+    shown = admin.get("clusters/use1-b").text + admin.get("audit").text
+    assert creds["password"] not in shown
+    assert "nats_credentials" not in shown
+    with session_factory() as s:
+        row = s.query(m.Cluster).filter_by(name="use1-b").one()
+        assert row.nats_password_hash.startswith("$2")
+        assert creds["password"] not in row.nats_password_hash

@@ -1,0 +1,121 @@
+"""A small synchronous client for the admin REST API; every failure becomes one CliError line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from controlplane.cli.config import Context
+from controlplane.cli.manifests import CliError
+
+API = "/api/v1"
+
+
+class ApiError(CliError):
+    """The API answered with a problem (RFC 9457); `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message, exit_code=1)
+        self.status = status
+
+
+def problem_line(response: httpx.Response) -> str:
+    """The problem's detail (it names the field and the fix), else the status line."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        detail = body.get("detail")
+        if isinstance(detail, str) and detail:
+            return _without_kind(detail)
+        if isinstance(detail, list):  # FastAPI's default shape, should an older server send it
+            return "; ".join(str(d.get("msg", d)) for d in detail if isinstance(d, dict))
+    return f"HTTP {response.status_code} {response.reason_phrase}"
+
+
+def _without_kind(detail: str) -> str:
+    """Service validation says 'invalid Pool: gpus: …'; the CLI line names the object already."""
+    head, sep, rest = detail.partition(": ")
+    if sep and head.startswith("invalid ") and " " not in head.removeprefix("invalid "):
+        return rest
+    return detail
+
+
+class Client:
+    def __init__(self, context: Context, timeout_s: float = 30.0) -> None:
+        self.url = context.url
+        headers = {"Authorization": f"Bearer {context.token}"} if context.token else {}
+        headers["User-Agent"] = "gpufleet-cli"
+        self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout_s)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        """Send one request; `what` names the object in error lines ("pools 'gpu-a'")."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise CliError(
+                f"cannot reach the control plane at {self.url}; is `gpufleet up` running? "
+                "(or set --url / GPUFLEET_URL, or run `gpufleet login`)"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise CliError(f"the control plane at {self.url} did not answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise CliError(f"request to {self.url} failed: {exc}") from exc
+        if response.status_code >= 400:
+            prefix = f"{what}: " if what else ""
+            raise ApiError(prefix + problem_line(response), response.status_code)
+        return response
+
+    def get(self, path: str, what: str = "", params: Mapping[str, Any] | None = None) -> Any:
+        return self.request("GET", path, what, params=params).json()
+
+    def find(self, path: str, ref: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.get(f"/{path}/{ref}", f"{path} '{ref}'")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, path: str, params: Mapping[str, Any] | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        return list(self.iterate(path, params, limit))
+
+    def iterate(
+        self, path: str, params: Mapping[str, Any] | None = None, limit: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every item, page by page, stopping after `limit` items when given."""
+        query = dict(params or {})
+        page_size = min(limit or 500, 500)
+        seen = 0
+        while True:
+            page = self.get(f"/{path}", path, params={**query, "limit": page_size})
+            for item in page["items"]:
+                yield item
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if not page.get("next_cursor"):
+                return
+            query["cursor"] = page["next_cursor"]
+
+    def put(self, path: str, name: str, body: Mapping[str, Any], generation: int | None) -> Any:
+        headers = {"If-Match": f'"{generation}"'} if generation is not None else {}
+        return self.request(
+            "PUT", f"/{path}/{name}", f"{path} '{name}'", json=dict(body), headers=headers
+        ).json()
+
+    def delete(self, path: str, name: str, force: bool = False) -> None:
+        params = {"force": "true"} if force else None
+        self.request("DELETE", f"/{path}/{name}", f"{path} '{name}'", params=params)

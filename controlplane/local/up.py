@@ -1,0 +1,338 @@
+"""`gpufleet up`: the whole local fleet in one process tree, supervised, stopped cleanly.
+
+Servers (PostgreSQL, NATS, Redis) are started unless a URL is configured. Then migrations,
+the first admin token, the demo fleet (first start only), and the processes in `PROCESSES`:
+adding a component is one entry there. Ctrl-C stops everything in reverse order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.local.postgres import EmbeddedPostgres, port_is_free, wait_for_port
+from controlplane.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = REPO / "infra" / "examples" / "fleet.yaml"
+
+
+class UpError(RuntimeError):
+    """`up` cannot start; the message says what to change."""
+
+
+@dataclass
+class Child:
+    """A supervised process: restarted with backoff when it exits unexpectedly."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int | None = None
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+    def start(self, base_env: dict[str, str], log_dir: Path) -> None:
+        log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.process = subprocess.Popen(
+                self.argv, env={**base_env, **self.env}, stdout=log, stderr=log,
+                start_new_session=True, cwd=REPO,
+            )  # fmt: skip
+        finally:
+            log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout_s)
+        self.process = None
+
+
+def processes(settings: Settings, clusters: list[str]) -> list[Child]:
+    """Every long-running process of the local fleet, in start order."""
+    py = sys.executable
+    children = [
+        Child("api", [py, "-m", "uvicorn", "--factory", "controlplane.api.main:build_app",
+                      "--host", settings.api_host, "--port", str(settings.api_port),
+                      "--no-access-log"], port=settings.api_port),  # fmt: skip
+        Child("worker", [py, "-m", "celery", "-A", "controlplane.tasks:celery_app", "worker",
+                         "--pool=solo", "--without-gossip", "--without-mingle",
+                         "--loglevel=INFO"]),  # fmt: skip
+        Child("beat", [py, "-m", "celery", "-A", "controlplane.tasks:celery_app", "beat",
+                       "--loglevel=INFO", "--schedule",
+                       str(settings.data_dir / "celerybeat-schedule")]),  # fmt: skip
+    ]
+    return children
+
+
+class DataDirLock:
+    """An flock on DATA_DIR/up.lock: one `up` per data directory; released at exit."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "up.lock"
+        self._fh: Any = None
+
+    def acquire(self) -> None:
+        self._fh = open(self.path, "a+")  # noqa: SIM115 - held for the process lifetime
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "?"
+            self._fh.close()
+            raise UpError(
+                f"another `gpufleet up` (pid {holder}) is running on {self.path.parent}; stop it "
+                "first or use another --data-dir"
+            ) from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+
+    def release(self) -> None:
+        if self._fh is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self._fh.close()
+            self._fh = None
+
+
+def _reachable_by_nobody(path: Path) -> bool:
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            return False
+    return True
+
+
+def postgres_root(data_dir: Path) -> Path:
+    """Where PostgreSQL keeps its files. As root it runs as `nobody`, who must reach them."""
+    wanted = data_dir / "postgres"
+    if os.geteuid() != 0 or _reachable_by_nobody(data_dir.parent):
+        return wanted
+    import hashlib
+
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    return Path("/var/tmp") / f"gpufleet-postgres-{digest}"
+
+
+def check_ports(wanted: dict[str, int]) -> None:
+    busy = [f"{name} port {port}" for name, port in wanted.items() if not port_is_free(port)]
+    if busy:
+        raise UpError(
+            f"{', '.join(busy)} already in use; free it or choose another port "
+            "(GPUFLEET_API_PORT, GPUFLEET_POSTGRES_PORT, GPUFLEET_NATS_PORT, GPUFLEET_REDIS_PORT)"
+        )
+
+
+def load_fleet(database_url: str, fleet: Path) -> int:
+    import yaml
+
+    from controlplane.db.session import make_engine, make_session_factory, transaction
+    from controlplane.services.inventory import Actor
+    from controlplane.services.manifests import apply_manifests
+
+    docs = [d for d in yaml.safe_load_all(fleet.read_text()) if d]
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with transaction(make_session_factory(engine)) as session:
+            apply_manifests(session, docs, Actor("system:demo-fleet"))
+    finally:
+        engine.dispose()
+    return len(docs)
+
+
+def bootstrap(database_url: str) -> str | None:
+    """Migrate to head and create the first admin token; returns its secret on first start."""
+    from controlplane.db.migrate import upgrade
+    from controlplane.db.session import make_engine, make_session_factory, transaction
+    from controlplane.services.tokens import ensure_admin_token
+
+    upgrade(database_url)
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with transaction(make_session_factory(engine)) as session:
+            return ensure_admin_token(session)
+    finally:
+        engine.dispose()
+
+
+class Fleet:
+    """Starts, watches and stops everything `up` runs."""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.say = say
+        self.data_dir = settings.data_dir.resolve()
+        self.log_dir = self.data_dir / "logs"
+        self.stops: list[Callable[[], None]] = []
+        self.children: list[Child] = []
+        self.env: dict[str, str] = {}
+
+    def start_servers(self) -> None:
+        s = self.settings
+        wanted = {"api": s.api_port}
+        if not s.database_url:
+            wanted["postgres"] = s.postgres_port
+        if not s.redis_url:
+            wanted["redis"] = s.redis_port
+        check_ports(wanted)
+        database_url = s.database_url or self._start_postgres()
+        redis_url = s.redis_url or self._start_redis()
+        self.env = {
+            **os.environ,
+            "GPUFLEET_DATABASE_URL": database_url,
+            "GPUFLEET_REDIS_URL": redis_url,
+            "GPUFLEET_DATA_DIR": str(self.data_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _start_postgres(self) -> str:
+        server = EmbeddedPostgres(postgres_root(self.data_dir), self.settings.postgres_port)
+        if server.init():
+            self.say(f"initialised PostgreSQL in {server.data_dir}")
+        server.start()
+        self.stops.append(server.stop)
+        server.create_database("gpufleet")
+        return server.url("gpufleet")
+
+    def _start_redis(self) -> str:
+        from controlplane.local.redis import RedisServer
+
+        server = RedisServer(self.data_dir / "redis", self.settings.redis_port).start()
+        self.stops.append(server.stop)
+        return server.url + "/0"
+
+    def start_processes(self) -> None:
+        self.children = processes(self.settings, [])
+        for child in self.children:
+            child.start(self.env, self.log_dir)
+        for child in self.children:
+            if child.port is not None:
+                try:
+                    wait_for_port(child.port, 30)
+                except TimeoutError as exc:
+                    raise UpError(
+                        f"{child.name} did not open port {child.port}; see "
+                        f"{self.log_dir / (child.name + '.log')}"
+                    ) from exc
+
+    def supervise_once(self, now: float) -> list[str]:
+        """Restart children that died (exponential backoff); returns what happened."""
+        notes = []
+        for child in self.children:
+            if child.alive or now < child.next_start:
+                continue
+            if child.process is not None:
+                code = child.process.returncode
+                child.restarts += 1
+                delay = min(30.0, 0.5 * 2**child.restarts)
+                child.next_start = now + delay
+                child.process = None
+                notes.append(f"{child.name} exited ({code}); restarting in {delay:.0f} s")
+                continue
+            child.start(self.env, self.log_dir)
+            notes.append(f"{child.name} restarted")
+        return notes
+
+    def status_line(self) -> str:
+        marks = " ".join(f"{c.name}{'✓' if c.alive else '✗'}" for c in self.children)
+        return f"[{time.strftime('%H:%M:%S')}] {marks}"
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        for stop in reversed(self.stops):
+            with contextlib.suppress(Exception):
+                stop()
+
+
+def run_up(
+    data_dir: Path | None = None,
+    api_port: int | None = None,
+    say: Callable[[str], None] = print,
+    status_every_s: float = 15.0,
+) -> int:
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if api_port is not None:
+        overrides["api_port"] = api_port
+    settings = Settings(**overrides)
+    data = settings.data_dir.resolve()
+    (data / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(data))
+    lock = DataDirLock(data)
+    fleet = Fleet(settings, say)
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        lock.acquire()
+        fleet.start_servers()
+        token = bootstrap(fleet.env["GPUFLEET_DATABASE_URL"])
+        if token and settings.load_demo_fleet and FLEET.exists():
+            count = load_fleet(fleet.env["GPUFLEET_DATABASE_URL"], FLEET)
+            say(f"loaded the demo fleet: {count} objects from {FLEET.relative_to(REPO)}")
+        fleet.start_processes()
+        _announce(settings, token, say, data)
+        last_status = 0.0
+        while not stopping:
+            now = time.monotonic()
+            for note in fleet.supervise_once(now):
+                say(note)
+            if now - last_status >= status_every_s:
+                say(fleet.status_line())
+                last_status = now
+            time.sleep(0.2)
+        say("stopping…")
+        return 0
+    except UpError as exc:
+        say(f"error: {exc}")
+        return 1
+    finally:
+        fleet.stop()
+        lock.release()
+
+
+def _announce(settings: Settings, token: str | None, say: Callable[[str], None], data: Path) -> None:
+    url = f"http://{settings.api_host}:{settings.api_port}"
+    say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
+    say(f"  API        {url}/api/v1   (docs: {url}/api/v1/docs)")
+    say("  dashboard  not built yet (see SCOPE.md)")
+    if token:
+        say(f"  admin token (shown once, keep it): {token}")
+        say(f"  try: gpufleet login --url {url} --token <token> && gpufleet get deployments")
+        (data / "first-start.json").write_text(json.dumps({"api_url": url}))
+    else:
+        say("  admin token: created at first start (not shown again)")
+    say("Ctrl-C stops everything.")

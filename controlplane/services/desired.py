@@ -1,0 +1,102 @@
+"""Desired state per cluster, built from PostgreSQL (the source of truth) for publication.
+
+A cluster's `desired_generation` is bumped whenever what it should run changes; the bus
+process publishes a full snapshot at that generation (newest wins on the agent side).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from controlplane.contracts import (
+    AutoscalingPolicy,
+    DeploymentDesired,
+    DesiredState,
+    ReplicaQuota,
+    RevisionSpec,
+)
+from controlplane.db.models import Cluster, Deployment, Placement, Pool
+
+
+def bump_desired(session: Session, cluster_ids: Iterable[str]) -> None:
+    ids = sorted(set(cluster_ids))
+    if ids:
+        session.execute(
+            update(Cluster)
+            .where(Cluster.id.in_(ids))
+            .values(desired_generation=Cluster.desired_generation + 1)
+        )
+
+
+def desired_state(session: Session, cluster: Cluster) -> DesiredState:
+    rows = session.execute(
+        select(Placement, Deployment, Pool.name)
+        .join(Deployment, Deployment.id == Placement.deployment_id)
+        .join(Pool, Pool.id == Placement.pool_id)
+        .where(Placement.cluster_id == cluster.id)
+        .order_by(Deployment.name, Pool.name)
+    ).all()
+    by_deployment: dict[str, list[tuple[Placement, str]]] = defaultdict(list)
+    deployments: dict[str, Deployment] = {}
+    for placement, deployment, pool_name in rows:
+        by_deployment[deployment.name].append((placement, pool_name))
+        deployments[deployment.name] = deployment
+    total_weight = _total_replicas(session, deployments.values())
+    return DesiredState(
+        cluster=cluster.name,
+        generation=max(1, cluster.desired_generation),
+        deployments=[
+            _deployment_desired(deployments[name], entries, total_weight.get(name, 0))
+            for name, entries in sorted(by_deployment.items())
+        ],
+    )
+
+
+def _total_replicas(session: Session, deployments: Iterable[Deployment]) -> dict[str, int]:
+    ids = {d.id: d.name for d in deployments}
+    if not ids:
+        return {}
+    totals: dict[str, int] = defaultdict(int)
+    for dep_id, replicas in session.execute(
+        select(Placement.deployment_id, Placement.replicas).where(
+            Placement.deployment_id.in_(list(ids))
+        )
+    ):
+        totals[ids[dep_id]] += replicas
+    return totals
+
+
+def _deployment_desired(
+    deployment: Deployment, entries: list[tuple[Placement, str]], global_replicas: int
+) -> DeploymentDesired:
+    here = sum(p.replicas for p, _ in entries)
+    policy = deployment.autoscaling or {}
+    idle = policy.get("scale_to_zero_idle_s")
+    return DeploymentDesired(
+        name=deployment.name,
+        spec=RevisionSpec(
+            model_id=deployment.model_id,
+            revision=f"{deployment.revision}",
+            engine_image=deployment.engine_image,
+            engine_args=list(deployment.engine_args),
+            gpu_types=list(deployment.gpu_types),
+            gpus_per_replica=deployment.gpus_per_replica,
+        ),
+        quota=ReplicaQuota(
+            min=sum(p.min_replicas for p, _ in entries),
+            max=max(here, sum(p.max_replicas for p, _ in entries)),
+        ),
+        pools=sorted({pool for _, pool in entries}),
+        routing_weight=here / global_replicas if global_replicas else 1.0,
+        priority=deployment.priority,
+        autoscaling=AutoscalingPolicy(
+            window_seconds=policy.get("window_s", 60.0),
+            scale_down_delay_seconds=policy.get("scale_down_delay_s", 300.0),
+            target_concurrency=policy.get("concurrency_target", 16),
+            scale_to_zero_idle_seconds=idle if policy.get("min_replicas", 1) == 0 else None,
+        ),
+    )

@@ -1,0 +1,164 @@
+"""Record what workload planes report (heartbeats and facts) in PostgreSQL.
+
+Implements `controlplane.bus.consumer.ObservedStateSink`. Idempotent on the message id: a
+fact becomes an event whose id is the message id, so a redelivered fact changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.contracts import (
+    DesiredStateApplied,
+    Fact,
+    ObservedState,
+    ReplicaFailed,
+    ReplicaStarted,
+)
+from controlplane.db.models import Cluster, Deployment, Event, Replica
+from controlplane.db.session import transaction
+
+log = logging.getLogger("gpufleet.observed")
+Hook = Callable[[str], None]
+
+
+class DbSink:
+    """`on_change(reason)` is called after commit when placement should look again."""
+
+    def __init__(self, factory: sessionmaker[Session], on_change: Hook | None = None) -> None:
+        self._factory = factory
+        self._on_change = on_change or (lambda reason: None)
+
+    async def record_observed(self, cluster: str, state: ObservedState, received_at: datetime) -> None:
+        reason = await asyncio.to_thread(self._observed, cluster, state, received_at)
+        if reason:
+            self._on_change(reason)
+
+    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None:
+        reason = await asyncio.to_thread(self._fact, cluster, fact, received_at)
+        if reason:
+            self._on_change(reason)
+
+    def _observed(self, name: str, state: ObservedState, received_at: datetime) -> str | None:
+        with transaction(self._factory) as session:
+            cluster = _cluster(session, name)
+            if cluster is None:
+                return None
+            if cluster.last_heartbeat_at and received_at < cluster.last_heartbeat_at:
+                return None  # an older heartbeat redelivered late: the newer one stands
+            cluster.last_heartbeat_at = received_at
+            cluster.agent_version = state.agent_version or cluster.agent_version
+            cluster.observed_generation = max(cluster.observed_generation, state.observed_generation)
+            reason = _revive(session, cluster)
+            _sync_replicas(session, cluster, state)
+            if _record_demand(session, cluster, state):
+                reason = reason or "demand"
+            return reason
+
+    def _fact(self, name: str, fact: Fact, received_at: datetime) -> str | None:
+        with transaction(self._factory) as session:
+            if session.get(Event, str(fact.id)) is not None:
+                return None
+            cluster = _cluster(session, name)
+            if cluster is None:
+                return None
+            session.add(_event_for(cluster, fact, received_at))
+            if isinstance(fact, DesiredStateApplied):
+                cluster.observed_generation = max(cluster.observed_generation, fact.generation)
+            if isinstance(fact, ReplicaStarted | ReplicaFailed):
+                _upsert_replica(session, cluster, fact.replica.model_dump())
+            if fact.type in ("spot_interruption_noticed", "node_unhealthy", "capacity_exhausted"):
+                return fact.type
+            return None
+
+
+def _cluster(session: Session, name: str) -> Cluster | None:
+    cluster = session.scalars(select(Cluster).where(Cluster.name == name)).first()
+    if cluster is None:
+        log.warning("report from unknown cluster %s ignored", name)
+    return cluster
+
+
+def _revive(session: Session, cluster: Cluster) -> str | None:
+    if cluster.state in ("healthy", "cordoned"):
+        return None
+    old, cluster.state = cluster.state, "healthy"
+    session.add(Event(type="ClusterHealthy", object_kind="Cluster", object_id=cluster.id,
+                      object_name=cluster.name, message=f"cluster {cluster.name} is healthy "
+                      f"(was {old}); heartbeats arrive", data={"from": old, "to": "healthy"}))  # fmt: skip
+    return "cluster_healthy"
+
+
+def _sync_replicas(session: Session, cluster: Cluster, state: ObservedState) -> None:
+    reported = {r.replica_id for r in state.replicas}
+    for row in session.scalars(select(Replica).where(Replica.cluster_id == cluster.id)):
+        if row.name not in reported:
+            session.delete(row)
+    for replica in state.replicas:
+        _upsert_replica(session, cluster, replica.model_dump())
+
+
+def _upsert_replica(session: Session, cluster: Cluster, replica: dict[str, Any]) -> None:
+    deployment_id = session.scalar(select(Deployment.id).where(Deployment.name == replica["deployment"]))
+    if deployment_id is None:
+        return
+    row = session.scalars(
+        select(Replica).where(Replica.cluster_id == cluster.id, Replica.name == replica["replica_id"])
+    ).first()
+    if row is None:
+        row = Replica(name=replica["replica_id"], cluster_id=cluster.id, deployment_id=deployment_id)
+        session.add(row)
+    row.state = replica["state"]
+    row.endpoint = replica.get("endpoint")
+    row.revision = int(replica["revision"]) if str(replica["revision"]).isdigit() else row.revision
+
+
+def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:
+    """Keep each cluster's demand and each deployment's sum; True when a sum changed."""
+    demand = {d.name: d.demand for d in state.deployments}
+    if (cluster.status or {}).get("demand") == demand:
+        return False
+    cluster.status = {**(cluster.status or {}), "demand": demand}
+    session.flush()
+    changed = False
+    totals: dict[str, int] = {}
+    for other in session.scalars(select(Cluster)):
+        for dep, wanted in ((other.status or {}).get("demand") or {}).items():
+            totals[dep] = totals.get(dep, 0) + int(wanted)
+    for deployment in session.scalars(select(Deployment).where(Deployment.name.in_(list(totals)))):
+        if deployment.demand_replicas != totals[deployment.name]:
+            deployment.demand_replicas = totals[deployment.name]
+            changed = True
+    return changed
+
+
+def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:
+    data = fact.model_dump(mode="json", exclude={"id", "schema_version", "source", "cluster"})
+    name = type(fact).__name__
+    return Event(
+        id=str(fact.id),
+        time=received_at,
+        type=name,
+        object_kind="Cluster",
+        object_id=cluster.id,
+        object_name=cluster.name,
+        message=f"{cluster.name}: {name} {_summary(fact)}".strip(),
+        data=data,
+    )
+
+
+def _summary(fact: Fact) -> str:
+    if isinstance(fact, ReplicaStarted | ReplicaFailed):
+        extra = f" ({fact.reason})" if isinstance(fact, ReplicaFailed) and fact.reason else ""
+        return f"replica {fact.replica.replica_id} of {fact.replica.deployment}{extra}"
+    if isinstance(fact, DesiredStateApplied):
+        return f"generation {fact.generation}"
+    return ", ".join(f"{k}={v}" for k, v in fact.model_dump(mode="json").items()
+                     if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v)  # fmt: skip
