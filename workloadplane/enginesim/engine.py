@@ -1,0 +1,313 @@
+"""Simulated vLLM engine: continuous batching under a KV-block budget, deterministic tokens.
+
+One scheduler loop per engine. Each step takes ``1 / tokens_per_s`` seconds and gives every
+running sequence one token (the first step is the prefill). Up to ``max_num_seqs`` run; the
+rest wait, first come first served, and a request is admitted only when the free KV blocks
+hold its prompt plus the tokens generated so far. A running sequence that needs a new block
+when none is free preempts the latest admitted one (back to the front of the queue), as
+vLLM's recompute preemption does. No model runs: token text is a pure function of the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from workloadplane.enginesim.metrics import EngineMetrics
+
+FinishReason = Literal["stop", "length", "abort"]
+
+_VOCAB = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "one",
+    "all",
+    "we",
+    "can",
+    "their",
+    "has",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "fleet",
+    "gpu",
+    "token",
+    "cache",
+    "batch",
+    "queue",
+    "replica",
+    "model",
+    "region",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = "sim-model"
+    tokens_per_s: float = 50.0  # decode steps per second (tokens per running sequence)
+    max_num_seqs: int = 128
+    kv_blocks: int = 4096
+    block_size: int = 16
+    max_model_len: int = 2048
+    startup_delay_s: float = 0.0
+    embedding_dim: int = 64
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_s <= 0:
+            raise ValueError("tokens_per_s must be > 0")
+        if self.max_num_seqs < 1 or self.kv_blocks < 1 or self.block_size < 1:
+            raise ValueError("max_num_seqs, kv_blocks and block_size must be >= 1")
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One sequence in the engine; ``events`` carries its tokens to the HTTP handler."""
+
+    prompt_tokens: int
+    max_tokens: int
+    natural_tokens: int | None  # None: ignore_eos
+    seed: str
+    stop: tuple[str, ...] = ()
+    n_param: int = 1
+    max_tokens_param: int | None = None
+    events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    text: str = ""
+    blocks: int = 0
+    preemptions: int = 0
+    arrived_at: float = field(default_factory=time.monotonic)
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finish_reason: FinishReason | None = None
+
+
+def count_tokens(text: str) -> int:
+    """Deterministic stand-in for a tokenizer: about one token per 4 characters."""
+    return max(1, math.ceil(len(text) / 4)) if text else 0
+
+
+def token_text(seed: str, index: int) -> str:
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
+    return " " + _VOCAB[int.from_bytes(digest) % len(_VOCAB)]
+
+
+def natural_length(seed: str) -> int:
+    """Where the simulated model would emit end-of-sequence: 16..79 tokens."""
+    digest = hashlib.blake2b(seed.encode(), digest_size=2).digest()
+    return 16 + int.from_bytes(digest) % 64
+
+
+class Engine:
+    """The scheduler. ``submit`` returns at once; read tokens from ``request.events``."""
+
+    def __init__(self, config: EngineConfig, metrics: EngineMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.used_blocks = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.metrics.set_state(0, 0, 0.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self._publish()
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        """Client went away: free the request wherever it is (silent if already finished)."""
+        if request.finish_reason is not None:
+            return
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self._finish(request, "abort")
+        self._publish()
+
+    # --- the loop -----------------------------------------------------------------------
+    async def _loop(self) -> None:
+        interval = 1.0 / self.config.tokens_per_s
+        while True:
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+            last, debt = time.monotonic(), 0.0
+            while self.waiting or self.running:
+                # Sleep at least 2 ms: a fast engine takes several steps per wake-up.
+                await asyncio.sleep(max(interval - debt, 0.002))
+                now = time.monotonic()
+                debt += now - last
+                last = now
+                steps = min(int(debt / interval), 256)
+                debt -= steps * interval
+                for _ in range(steps):
+                    self._step(time.monotonic())
+
+    def _step(self, now: float) -> None:
+        self._admit(now)
+        batch_tokens = 0
+        for request in list(self.running):
+            if request.blocks == 0:
+                continue  # preempted earlier in this step
+            if request.first_token_at is None:
+                batch_tokens += request.prompt_tokens + request.generated
+            if not self._grow(request):
+                continue  # preempted to make room; it waits again
+            batch_tokens += 1
+            self._emit(request, now)
+        if batch_tokens:
+            self.metrics.iteration_tokens.observe(batch_tokens)
+        self._publish()
+
+    def _admit(self, now: float) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            need = self._blocks_for(request.prompt_tokens + request.generated)
+            if self.used_blocks + need > self.config.kv_blocks:
+                return  # FCFS: the head waits for blocks, nobody overtakes it
+            self.waiting.popleft()
+            request.blocks = need
+            self.used_blocks += need
+            if request.scheduled_at is None:
+                request.scheduled_at = now
+                self.metrics.admitted(request.prompt_tokens)
+            self.running.append(request)
+
+    def _grow(self, request: SimRequest) -> bool:
+        """Make room for one more token; preempt the latest admitted sequence if needed."""
+        need = self._blocks_for(request.prompt_tokens + request.generated + 1)
+        while need > request.blocks:
+            if self.used_blocks < self.config.kv_blocks:
+                request.blocks += 1
+                self.used_blocks += 1
+                continue
+            victim = self.running[-1]
+            self._release(victim)
+            self.waiting.appendleft(victim)
+            victim.preemptions += 1
+            self.metrics.preemptions.inc()
+            if victim is request:
+                return False
+        return True
+
+    def _emit(self, request: SimRequest, now: float) -> None:
+        text = token_text(request.seed, request.generated)
+        request.generated += 1
+        request.text += text
+        self.metrics.generation_tokens.inc()
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.metrics.ttft.observe(now - request.arrived_at)
+        else:
+            gap = now - (request.last_token_at or now)
+            self.metrics.inter_token.observe(gap)
+        request.last_token_at = now
+        stop = next((s for s in request.stop if s and s in request.text), None)
+        if stop is not None:
+            cut = request.text.index(stop)
+            visible = text[: max(0, len(text) - (len(request.text) - cut))]
+            request.events.put_nowait(TokenEvent(visible, "stop", stop))
+            self._finish(request, "stop", notify=False)
+        elif request.natural_tokens is not None and request.generated >= request.natural_tokens:
+            request.events.put_nowait(TokenEvent(text, "stop"))
+            self._finish(request, "stop", notify=False)
+        elif request.generated >= request.max_tokens:
+            request.events.put_nowait(TokenEvent(text, "length"))
+            self._finish(request, "length", notify=False)
+        else:
+            request.events.put_nowait(TokenEvent(text))
+
+    def _finish(self, request: SimRequest, reason: FinishReason, notify: bool = True) -> None:
+        request.finish_reason = reason
+        if request in self.running:
+            self._release(request)
+        if notify:
+            request.events.put_nowait(TokenEvent("", reason))
+        self.metrics.finished(request, time.monotonic())
+
+    def _release(self, request: SimRequest) -> None:
+        self.running.remove(request)
+        self.used_blocks -= request.blocks
+        request.blocks = 0
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)
+
+    def _publish(self) -> None:
+        self.metrics.set_state(
+            len(self.running), len(self.waiting), self.used_blocks / self.config.kv_blocks
+        )
+
+
+async def drain_events(request: SimRequest) -> AsyncIterator[TokenEvent]:
+    """Yield a request's tokens until the one that carries its finish reason."""
+    while True:
+        event = await request.events.get()
+        yield event
+        if event.finish_reason is not None:
+            return

@@ -1,0 +1,211 @@
+"""OpenAI-compatible request parsing and response shapes, as vLLM's server writes them."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, TypeVar
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workloadplane.enginesim.engine import count_tokens
+
+_M = TypeVar("_M", bound=BaseModel)
+
+# Tokens a chat template adds around each message, and before the reply.
+TOKENS_PER_MESSAGE = 4
+TOKENS_FOR_REPLY = 2
+
+
+class ApiError(Exception):
+    """An error the client can fix; rendered as ``{"error": {message, type, param, code}}``."""
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, kind: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+        self.kind = kind or {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            503: "ServiceUnavailableError",
+        }.get(status, "InternalServerError")
+
+    def response(self) -> JSONResponse:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+        return JSONResponse(body, status_code=self.status)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+
+    def check(self, max_model_len: int) -> None:
+        """vLLM's semantic checks, with its messages."""
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(
+                "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+                param="stream_options",
+            )
+        wanted = self.requested_max_tokens()
+        if wanted is not None and wanted < 1:
+            raise ApiError(
+                f"max_tokens must be at least 1, got {wanted}. "
+                f"(parameter=max_tokens, value={wanted})",
+                param="max_tokens",
+            )
+        if wanted is not None and wanted > max_model_len:
+            raise ApiError(
+                f"max_tokens={wanted} cannot be greater than max_model_len={max_model_len}. "
+                f"Please request fewer output tokens. (parameter=max_tokens, value={wanted})",
+                param="max_tokens",
+            )
+        if self.n != 1:
+            raise ApiError("engine-sim generates one choice per prompt; set n to 1", param="n")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class ChatRequest(_Request):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+
+    def check(self, max_model_len: int) -> None:
+        if not self.messages:
+            raise ApiError(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
+        super().check(max_model_len)
+
+    def prompt_tokens(self) -> int:
+        return TOKENS_FOR_REPLY + sum(
+            TOKENS_PER_MESSAGE + count_tokens(m.text()) for m in self.messages
+        )
+
+    def prompt_seed(self) -> str:
+        return "\n".join(f"{m.role}:{m.text()}" for m in self.messages)
+
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+
+    def prompts(self) -> list[tuple[str, int]]:
+        """(seed, prompt tokens) for each prompt in the request."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [(p, count_tokens(p))]
+        if not p:
+            raise ApiError("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [(json.dumps(p), len(p))]
+        if all(isinstance(x, str) for x in p):
+            return [(s, count_tokens(s)) for s in p if isinstance(s, str)]
+        return [(json.dumps(x), len(x)) for x in p if isinstance(x, list)]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+def parse(model: type[_M], raw: bytes) -> _M:
+    """Parse a JSON body into ``model`` or raise an ApiError that says what to fix."""
+    try:
+        data = json.loads(raw or b"null")
+    except json.JSONDecodeError as exc:
+        raise _invalid("body", f"JSON decode error: {exc.msg} at char {exc.pos}") from exc
+    if not isinstance(data, dict):
+        raise _invalid("body", "Input should be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(["body", *(str(x) for x in first["loc"])])
+        raise _invalid(where, first["msg"], len(exc.errors())) from exc
+
+
+def _invalid(where: str, message: str, count: int = 1) -> ApiError:
+    """Structural errors, shaped like vLLM's request-validation handler (type "Bad Request")."""
+    plural = "s" if count > 1 else ""
+    return ApiError(
+        f"{count} validation error{plural}:\n  {where}: {message}", param=where, kind="Bad Request"
+    )
+
+
+def new_id(prefix: str, request_id: str | None = None) -> str:
+    return f"{prefix}-{request_id or uuid.uuid4().hex[:16]}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def usage(prompt: int, completion: int, details: bool = True) -> dict[str, Any]:
+    """vLLM's usage block; streamed usage chunks leave out the details."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
+    if details:
+        out |= {"prompt_tokens_details": None, "completion_tokens_details": None}
+    return out
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    body = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {body}\n\n".encode()
