@@ -26,10 +26,6 @@ from controlplane.api.schemas import (
 )
 from controlplane.services.validation import field_path, friendly
 
-# A Provider's own `kind` (aws, gcp…) would collide with the manifest's `kind: Provider`, so
-# a manifest spells it `provider_kind`; the API body keeps `kind`.
-PROVIDER_KIND = "provider_kind"
-
 
 class CliError(Exception):
     """An error shown as one line; `exit_code` 2 for bad input, 1 for a refused operation."""
@@ -170,8 +166,6 @@ def to_manifest(doc: Document) -> Manifest:
         kind = writable_kind(word)
     except CliError as exc:
         raise CliError(f"{doc.source}: {exc.message}", exit_code=2) from exc
-    if kind.name == "Provider" and PROVIDER_KIND in body:
-        body["kind"] = body.pop(PROVIDER_KIND)
     name = body.get("name")
     label = f"{kind.path} '{name}'" if isinstance(name, str) else kind.path
     assert kind.spec is not None
@@ -179,8 +173,7 @@ def to_manifest(doc: Document) -> Manifest:
         spec = kind.spec.model_validate(body)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{field_path(manifest_path(kind, tuple(e['loc'])))}: {friendly(e['type'], e['msg'])}"
-            for e in exc.errors()
+            f"{field_path(tuple(e['loc']))}: {friendly(e['type'], e['msg'])}" for e in exc.errors()
         )
         raise CliError(f"{doc.source}: {label}: {problems}", exit_code=2) from exc
     return Manifest(kind, getattr(spec, "name"), spec, doc.source)  # noqa: B009
@@ -200,13 +193,6 @@ def load_manifests(text: str, filename: str) -> list[Manifest]:
     return sorted(manifests, key=lambda m: APPLY_ORDER[m.kind.name])
 
 
-def manifest_path(kind: Kind, path: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A spec field path as the manifest spells it (a Provider's `kind` is `provider_kind`)."""
-    if kind.name == "Provider" and path[:1] == ("kind",):
-        return (PROVIDER_KIND, *path[1:])
-    return path
-
-
 def spec_fields(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
     """A server object's spec fields only (no id, generation, timestamps or status)."""
     if kind.spec is None:
@@ -216,10 +202,7 @@ def spec_fields(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def as_manifest(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
     """A server object as a re-applyable manifest (`kind:` first, spec fields, no status)."""
-    doc: dict[str, Any] = {"kind": kind.name}
-    for key, value in spec_fields(kind, obj).items():
-        doc[PROVIDER_KIND if kind.name == "Provider" and key == "kind" else key] = value
-    return doc
+    return {"kind": kind.name, **spec_fields(kind, obj)}
 
 
 # plans -------------------------------------------------------------------------------------
@@ -261,7 +244,7 @@ def plan_one(manifest: Manifest, current: Mapping[str, Any] | None) -> Change:
     old_json = server.model_dump(mode="json", exclude_none=True)
     new_json = manifest.body
     changes = [
-        FieldChange(".".join(manifest_path(manifest.kind, p)), _at(old_json, p), _at(new_json, p))
+        FieldChange(".".join(p), _at(old_json, p), _at(new_json, p))
         for p in changed_paths(old, new)
     ]
     action = Action.update if changes else Action.unchanged
