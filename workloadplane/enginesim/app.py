@@ -80,13 +80,6 @@ class Simulator:
                 "messages or completion.",
                 param="max_tokens",
             )
-        capacity = cfg.kv_blocks * cfg.block_size
-        if prompt_tokens + 1 > capacity:
-            raise p.ApiError(
-                f"prompt needs {prompt_tokens} tokens of KV cache but the engine holds "
-                f"{capacity} (--kv-blocks x --block-size); shorten the prompt",
-                param="messages",
-            )
         return SimRequest(
             prompt_tokens=max(1, prompt_tokens),
             max_tokens=max_tokens,

@@ -103,6 +103,12 @@ class EngineConfig:
             raise ValueError("max_num_seqs, kv_blocks and block_size must be >= 1")
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.kv_blocks * self.block_size < self.max_model_len:
+            # vLLM refuses to start too: one full-length sequence must fit in the KV cache.
+            raise ValueError(
+                f"the KV cache holds {self.kv_blocks * self.block_size} tokens, less than "
+                f"max_model_len {self.max_model_len}; raise kv_blocks or lower max_model_len"
+            )
 
 
 @dataclass(frozen=True, slots=True)

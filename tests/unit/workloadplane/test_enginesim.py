@@ -302,12 +302,13 @@ def test_cli_serves_after_its_startup_delay() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     args = ["--port", str(port), "--model", "cli", "--tokens-per-s", "1000"]
-    args += ["--startup-delay", "1.5", "--max-num-seqs", "4", "--kv-blocks", "64"]
+    args += ["--startup-delay", "1.5", "--max-num-seqs", "4", "--kv-blocks", "256"]
     proc = subprocess.Popen([sys.executable, "-m", "workloadplane.enginesim", *args])
     try:
         seen: list[int] = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and 200 not in seen:
+            assert proc.poll() is None, "engine-sim exited"
             with contextlib.suppress(httpx.TransportError):
                 seen.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code)
             time.sleep(0.05)
@@ -343,3 +344,8 @@ def _value(metrics: str, name: str) -> float:
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_config_refuses_a_kv_cache_smaller_than_one_sequence() -> None:
+    with pytest.raises(ValueError, match="raise kv_blocks or lower max_model_len"):
+        EngineConfig(kv_blocks=10, block_size=16, max_model_len=2048)
