@@ -72,7 +72,11 @@ class Client:
             raise CliError(f"request to {self.url} failed: {exc}") from exc
         if response.status_code >= 400:
             prefix = f"{what}: " if what else ""
-            raise ApiError(prefix + problem_line(response), response.status_code)
+            message = prefix + problem_line(response)
+            if response.status_code == 401:
+                message += (f"; run `gpufleet login --url {self.url} --token <token>` "
+                            "or set GPUFLEET_TOKEN")  # fmt: skip
+            raise ApiError(message, response.status_code)
         return response
 
     def get(self, path: str, what: str = "", params: Mapping[str, Any] | None = None) -> Any:

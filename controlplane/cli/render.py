@@ -103,7 +103,7 @@ def _object(o: Mapping[str, Any], v: View) -> str:
 
 COLUMNS: dict[str, list[Column]] = {
     "providers": [
-        Column("NAME", _f("name")), Column("KIND", _f("kind")),
+        Column("NAME", _f("name")), Column("CLOUD", _f("provider_kind")),
         Column("CLASS", _f("provider_class")), Column("CERTIFICATIONS", _joined("certifications")),
         Column("CREDENTIALS", _f("credentials_ref"), wide=True), Column("AGE", _age("created_at")),
     ],

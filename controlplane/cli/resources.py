@@ -139,9 +139,15 @@ def apply(
                 return
             typer.echo(render.summary(changes))
             _confirm(yes, stdin_used=file == "-")
-            for change in changes:
-                if change.action != Action.unchanged:
+            todo = [c for c in changes if c.action != Action.unchanged]
+            for done, change in enumerate(todo):
+                try:
                     _put(client, change)
+                except CliError as exc:
+                    exc.message += (
+                        f" ({done} of {len(todo)} changes applied; fix it and apply again)"
+                    )
+                    raise
 
 
 def _confirm(yes: bool, stdin_used: bool) -> None:

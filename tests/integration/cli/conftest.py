@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from click.testing import Result
 from sqlalchemy.orm import Session, sessionmaker
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from controlplane.api.app import create_app
 from controlplane.cli import app

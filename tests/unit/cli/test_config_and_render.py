@@ -1,0 +1,88 @@
+"""Where the CLI's context comes from, the config file's mode, and what tables show."""
+
+from __future__ import annotations
+
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.cli.client import problem_line
+from controlplane.cli.config import load_context, save_context, token_prefix
+from controlplane.cli.manifests import resolve_kind
+from controlplane.cli.render import View, age, formatted, table
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "gpufleet" / "config.yaml"
+    monkeypatch.setenv("GPUFLEET_CONFIG", str(path))
+    monkeypatch.delenv("GPUFLEET_URL", raising=False)
+    monkeypatch.delenv("GPUFLEET_TOKEN", raising=False)
+    return path
+
+
+def test_file_is_private_and_env_overrides_it(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config.parent.mkdir()
+    config.write_text("old")
+    config.chmod(0o644)
+    save_context("http://cp:8080/", "gpf_secretsecret")
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    ctx = load_context()
+    assert (ctx.url, ctx.token, ctx.source) == ("http://cp:8080", "gpf_secretsecret", str(config))
+    monkeypatch.setenv("GPUFLEET_TOKEN", "gpf_fromenv")
+    ctx = load_context()
+    assert ctx.token == "gpf_fromenv" and ctx.source == f"{config}, GPUFLEET_TOKEN"
+    assert load_context(url="http://flag").url == "http://flag"
+
+
+def test_defaults_without_file_or_env(config: Path) -> None:
+    ctx = load_context()
+    assert (ctx.url, ctx.token, ctx.source) == ("http://127.0.0.1:8080", None, "defaults")
+
+
+def test_token_prefix_never_shows_the_secret() -> None:
+    assert token_prefix("gpf_abcdefghijklmnop") == "gpf_abcdef…"
+    assert token_prefix("short") == "sho…"
+    assert token_prefix(None) == "(none)"
+
+
+@pytest.mark.parametrize(
+    ("when", "shown"),
+    [("2026-03-01T11:59:58+00:00", "2s"), ("2026-03-01T11:55:00+00:00", "5m"),
+     ("2026-02-27T12:00:00", "2d"), (None, "-")],
+)  # fmt: skip
+def test_age(when: str | None, shown: str) -> None:
+    assert age(when, NOW) == shown
+
+
+def test_placements_show_names_not_ids() -> None:
+    from rich.console import Console
+
+    placement = {"id": "p1", "deployment_id": "d1", "cluster_id": "c1", "pool_id": "x1234567890",
+                 "replicas": 2, "min_replicas": 1, "max_replicas": 3, "cost_per_hour": "7.5"}  # fmt: skip
+    view = View(NOW, {"d1": "chat", "c1": "use1-a"})
+    console = Console(width=200, record=True)
+    console.print(table(resolve_kind("placements"), [placement], view, wide=False))
+    row = console.export_text().splitlines()[1].split()
+    assert row == ["chat", "use1-a", "x1234567", "2", "1–3", "7.5"]
+
+
+def test_name_output() -> None:
+    assert formatted(resolve_kind("pools"), [{"name": "a"}, {"name": "b"}], "name", False) == (
+        "pool/a\npool/b\n"
+    )
+
+
+def test_problem_line_keeps_the_detail_and_drops_the_kind_prefix() -> None:
+    body = {"type": "t", "title": "Invalid specification", "status": 422,
+            "detail": "invalid Pool: gpus: Input should be greater than or equal to 0"}  # fmt: skip
+    response = httpx.Response(422, json=body)
+    assert problem_line(response) == "gpus: Input should be greater than or equal to 0"
+    assert problem_line(httpx.Response(502, text="bad gateway")) == "HTTP 502 Bad Gateway"

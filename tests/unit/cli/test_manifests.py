@@ -1,0 +1,158 @@
+"""Manifests, kinds and plans without a server: what `apply` would do, field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.cli.manifests import (
+    ALL_KINDS,
+    WRITABLE,
+    Action,
+    CliError,
+    as_manifest,
+    changed_paths,
+    is_unset,
+    load_manifests,
+    parse_documents,
+    plan_one,
+    resolve_kind,
+)
+from controlplane.services.resources import KINDS
+
+
+def pool(**kw: Any) -> dict[str, Any]:
+    return {"kind": "Pool", "name": "gpu-a", "provider": "aws-main", "region": "use1",
+            "gpu_type": "H100-80G", "purchase_type": "on_demand", "gpus": 64,
+            "price_per_gpu_hour": "3.9", "quota_gpus": 128} | kw  # fmt: skip
+
+
+def deployment(**kw: Any) -> dict[str, Any]:
+    return {"kind": "Deployment", "name": "chat", "model_id": "m/x", "gpus_per_replica": 1,
+            "gpu_types": ["H100-80G"], "autoscaling": {"max_replicas": 4}} | kw  # fmt: skip
+
+
+def served(doc: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """The object as the API returns it: spec fields plus metadata."""
+    (manifest,) = load_manifests_from([doc])
+    return manifest.body | {"kind": manifest.kind.name, "id": "0f", "generation": 3,
+                            "created_at": "2026-01-01T00:00:00+00:00", "status": status}  # fmt: skip
+
+
+def load_manifests_from(docs: list[dict[str, Any]]) -> list[Any]:
+    import yaml
+
+    return load_manifests(yaml.safe_dump_all(docs), "f.yaml")
+
+
+@pytest.mark.parametrize(
+    ("word", "path"),
+    [("pool", "pools"), ("Pools", "pools"), ("deploy", "deployments"), ("gpu-type", "gpu-types"),
+     ("gpu_types", "gpu-types"), ("GpuType", "gpu-types"), ("ev", "events"), ("audit", "audit"),
+     ("replica", "replicas")],
+)  # fmt: skip
+def test_kind_aliases(word: str, path: str) -> None:
+    assert resolve_kind(word).path == path
+
+
+def test_unknown_kind_lists_the_known_ones() -> None:
+    with pytest.raises(CliError, match="unknown kind 'flavour'; use one of: providers") as exc:
+        resolve_kind("flavour")
+    assert exc.value.exit_code == 2
+
+
+def test_aliases_are_unambiguous_and_writable_kinds_match_the_api() -> None:
+    words = [w for k in ALL_KINDS for w in {k.name.lower(), k.path, *k.aliases}]
+    assert len(words) == len(set(words))
+    assert {k.path: (k.name, k.spec) for k in WRITABLE} == {
+        path: (k.kind, k.spec) for path, k in KINDS.items()
+    }
+
+
+def test_documents_lists_and_line_numbers() -> None:
+    text = "# fleet\nkind: GpuType\nname: H100\nmemory_gib: 80\n---\n---\nkind: List\nitems:\n  - {kind: GpuType, name: L4, memory_gib: 24}\n"
+    docs = parse_documents(text, "f.yaml")
+    assert [(d.source, d.body["name"]) for d in docs] == [
+        ("f.yaml:2", "H100"), ("f.yaml:7 items[0]", "L4")
+    ]  # fmt: skip
+
+
+def test_bad_yaml_names_the_line() -> None:
+    with pytest.raises(CliError) as exc:
+        parse_documents("kind: Pool\nname: a\n  gpus: 1\n", "f.yaml")
+    assert exc.value.exit_code == 2
+    assert exc.value.message.startswith("f.yaml:3: not valid YAML: ")
+
+
+def test_invalid_spec_is_one_line_with_every_field() -> None:
+    with pytest.raises(CliError) as exc:
+        load_manifests_from([pool(gpus=-1, colour="red")])
+    assert exc.value.message == (
+        "f.yaml:1: pools 'gpu-a': gpus: Input should be greater than or equal to 0; colour: "
+        "unknown field; remove it (check the spelling against the schema)"
+    )
+
+
+def test_duplicates_and_read_only_kinds_are_refused() -> None:
+    with pytest.raises(CliError, match=r"also defined at f\.yaml:1"):
+        load_manifests_from([pool(), pool()])
+    with pytest.raises(CliError, match="events are read-only"):
+        load_manifests_from([{"kind": "Event", "name": "x"}])
+    with pytest.raises(CliError, match="missing `kind:`"):
+        load_manifests_from([{"name": "x"}])
+
+
+def test_manifests_come_back_in_dependency_order() -> None:
+    docs = [deployment(), pool(), {"kind": "Provider", "name": "aws-main", "provider_kind": "aws",
+            "provider_class": "hyperscaler"}, {"kind": "GpuType", "name": "H100-80G",
+            "memory_gib": 80}]  # fmt: skip
+    kinds = [m.kind.name for m in load_manifests_from(docs)]
+    assert kinds == ["Provider", "GpuType", "Pool", "Deployment"]
+
+
+def test_new_object_is_a_create() -> None:
+    (m,) = load_manifests_from([pool()])
+    assert plan_one(m, None).action == Action.create
+
+
+def test_defaults_number_formats_and_order_are_not_changes() -> None:
+    (m,) = load_manifests_from([deployment(gpu_types=["L4", "H100-80G", "L4"])])
+    server = served(deployment(gpu_types=["H100-80G", "L4"]), revision=1)
+    assert plan_one(m, server).action == Action.unchanged
+    (p,) = load_manifests_from([pool(price_per_gpu_hour=3.9)])
+    assert plan_one(p, served(pool()) | {"price_per_gpu_hour": "3.900000"}).action == (
+        Action.unchanged
+    )
+
+
+def test_update_lists_nested_fields_old_to_new() -> None:
+    (m,) = load_manifests_from([deployment(autoscaling={"max_replicas": 8}, priority=300)])
+    change = plan_one(m, served(deployment()))
+    assert change.action == Action.update
+    assert change.generation == 3
+    assert [(f.path, f.old, f.new) for f in change.fields] == [
+        ("autoscaling.max_replicas", 4, 8), ("priority", 100, 300)
+    ]  # fmt: skip
+
+
+def test_removed_optional_field_shows_as_unset() -> None:
+    (m,) = load_manifests_from([pool(quota_gpus=None)])
+    (field,) = plan_one(m, served(pool())).fields
+    assert (field.path, field.old) == ("quota_gpus", 128)
+    assert is_unset(field.new)
+
+
+def test_changed_paths_recurse_into_mappings_only() -> None:
+    old = {"a": {"b": 1, "c": [1, 2]}, "labels": {"team.io/x": "1"}}
+    new = {"a": {"b": 2, "c": [1, 2, 3]}, "labels": {"team.io/x": "1", "y": "2"}}
+    assert changed_paths(old, new) == [("a", "b"), ("a", "c"), ("labels", "y")]
+
+
+def test_server_object_becomes_a_manifest_without_metadata() -> None:
+    (kind,) = [k for k in WRITABLE if k.name == "Pool"]
+    doc = as_manifest(kind, served(pool()))
+    assert next(iter(doc)) == "kind" and doc["kind"] == "Pool"
+    assert not {"id", "generation", "created_at", "status"} & set(doc)
+    (again,) = load_manifests_from([doc])
+    assert plan_one(again, served(pool())).action == Action.unchanged
