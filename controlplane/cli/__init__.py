@@ -16,7 +16,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def main() -> None:
     """gpufleet: multi-cloud GPU capacity for LLM inference."""

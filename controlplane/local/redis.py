@@ -47,7 +47,9 @@ class RedisServer:
             wait_for_port(self.port, timeout_s)
         except TimeoutError as exc:
             self.stop()
-            raise RedisError(f"redis-server did not start; see {self.data_dir / 'redis.log'}") from exc
+            raise RedisError(
+                f"redis-server did not start; see {self.data_dir / 'redis.log'}"
+            ) from exc
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -73,20 +73,79 @@ class Child:
         self.process = None
 
 
-def processes(settings: Settings, clusters: list[str]) -> list[Child]:
-    """Every long-running process of the local fleet, in start order."""
+def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
+    """Every long-running process of the local fleet, in start order.
+
+    `agents`: cluster name → its NATS credentials file, for the demo clusters run here.
+    """
     py = sys.executable
+    data = settings.data_dir.resolve()
     children = [
-        Child("api", [py, "-m", "uvicorn", "--factory", "controlplane.api.main:build_app",
-                      "--host", settings.api_host, "--port", str(settings.api_port),
-                      "--no-access-log"], port=settings.api_port),  # fmt: skip
-        Child("worker", [py, "-m", "celery", "-A", "controlplane.tasks:celery_app", "worker",
-                         "--pool=solo", "--without-gossip", "--without-mingle",
-                         "--loglevel=INFO"]),  # fmt: skip
-        Child("beat", [py, "-m", "celery", "-A", "controlplane.tasks:celery_app", "beat",
-                       "--loglevel=INFO", "--schedule",
-                       str(settings.data_dir / "celerybeat-schedule")]),  # fmt: skip
+        Child(
+            "api",
+            [
+                py,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "controlplane.api.main:build_app",
+                "--host",
+                settings.api_host,
+                "--port",
+                str(settings.api_port),
+                "--no-access-log",
+            ],
+            port=settings.api_port,
+        ),  # fmt: skip
+        Child(
+            "worker",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane.tasks:celery_app",
+                "worker",
+                "--pool=solo",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel=INFO",
+            ],
+        ),  # fmt: skip
+        Child(
+            "beat",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane.tasks:celery_app",
+                "beat",
+                "--loglevel=INFO",
+                "--schedule",
+                str(data / "celerybeat-schedule"),
+            ],
+        ),  # fmt: skip
+        Child("bus", [py, "-m", "controlplane.cli", "bus"]),
     ]
+    for cluster, creds in sorted(agents.items()):
+        children.append(
+            Child(
+                f"agent-{cluster}",
+                [
+                    py,
+                    "-m",
+                    "controlplane.cli",
+                    "agent",
+                    "--cluster",
+                    cluster,
+                    "--credentials-file",
+                    str(creds),
+                    "--state-dir",
+                    str(data / "agents" / cluster),
+                ],
+            )  # fmt: skip
+        )
     return children
 
 
@@ -149,7 +208,7 @@ def check_ports(wanted: dict[str, int]) -> None:
         )
 
 
-def load_fleet(database_url: str, fleet: Path) -> int:
+def load_fleet(database_url: str, fleet: Path, secrets: Secrets) -> int:
     import yaml
 
     from controlplane.db.session import make_engine, make_session_factory, transaction
@@ -160,10 +219,73 @@ def load_fleet(database_url: str, fleet: Path) -> int:
     engine = make_engine(database_url, pool_size=1)
     try:
         with transaction(make_session_factory(engine)) as session:
-            apply_manifests(session, docs, Actor("system:demo-fleet"))
+            results = apply_manifests(session, docs, Actor("system:demo-fleet"))
+            for result in results:
+                creds = (result.secrets or {}).get("nats_credentials")
+                if creds:
+                    secrets.save_cluster(result.row.name, creds)
     finally:
         engine.dispose()
     return len(docs)
+
+
+def cluster_users(database_url: str) -> dict[str, Any]:
+    """Cluster name → NatsCredentials carrying the stored bcrypt hash (never a password)."""
+    from sqlalchemy import select
+
+    from controlplane.contracts import NatsCredentials
+    from controlplane.db.models import Cluster
+    from controlplane.db.session import make_engine, make_session_factory
+
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with make_session_factory(engine)() as session:
+            rows = session.execute(
+                select(Cluster.name, Cluster.nats_user, Cluster.nats_password_hash)
+            ).all()
+    finally:
+        engine.dispose()
+    return {
+        name: NatsCredentials(user=user, password=hashed)
+        for name, user, hashed in rows
+        if user and hashed
+    }
+
+
+class Secrets:
+    """Plain credentials the local fleet itself needs, each in a 0600 file under secrets/."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _write(self, name: str, data: dict[str, str]) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        path = self.root / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        return path
+
+    def controlplane(self) -> Any:
+        from controlplane.bus.credentials import generate_controlplane_credentials
+        from controlplane.contracts import NatsCredentials
+
+        path = self.root / "nats-controlplane.json"
+        if not path.exists():
+            creds = generate_controlplane_credentials()
+            self._write(path.name, {"user": creds.user, "password": creds.password})
+        return NatsCredentials.model_validate_json(path.read_text())
+
+    def save_cluster(self, cluster: str, creds: dict[str, str]) -> Path:
+        return self._write(f"cluster-{cluster}.json", creds)
+
+    def clusters(self) -> dict[str, Path]:
+        if not self.root.exists():
+            return {}
+        return {
+            p.stem.removeprefix("cluster-"): p for p in sorted(self.root.glob("cluster-*.json"))
+        }
 
 
 def bootstrap(database_url: str) -> str | None:
@@ -192,6 +314,9 @@ class Fleet:
         self.stops: list[Callable[[], None]] = []
         self.children: list[Child] = []
         self.env: dict[str, str] = {}
+        self.secrets = Secrets(self.data_dir / "secrets")
+        self.nats: Any = None
+        self.nats_users: dict[str, Any] = {}
 
     def start_servers(self) -> None:
         s = self.settings
@@ -200,6 +325,9 @@ class Fleet:
             wanted["postgres"] = s.postgres_port
         if not s.redis_url:
             wanted["redis"] = s.redis_port
+        check_ports(wanted)
+        if not s.nats_url:
+            wanted["nats"] = s.nats_port
         check_ports(wanted)
         database_url = s.database_url or self._start_postgres()
         redis_url = s.redis_url or self._start_redis()
@@ -210,6 +338,45 @@ class Fleet:
             "GPUFLEET_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
         }
+
+    def start_nats(self) -> None:
+        """NATS with the authorization config: the control plane's user and every cluster's."""
+        from controlplane.local.nats import NatsServer
+
+        creds = self.secrets.controlplane()
+        self.env |= {"GPUFLEET_NATS_USER": creds.user, "GPUFLEET_NATS_PASSWORD": creds.password}
+        if self.settings.nats_url:
+            self.env["GPUFLEET_NATS_URL"] = self.settings.nats_url
+            return
+        self.nats = NatsServer(
+            store_dir=self.data_dir / "nats",
+            port=self.settings.nats_port,
+            config_file=self.write_nats_config(),
+            log_file=self.log_dir / "nats.log",
+        ).start()
+        self.stops.append(self.nats.stop)
+        self.env["GPUFLEET_NATS_URL"] = self.nats.url
+
+    def write_nats_config(self) -> Path:
+        from controlplane.bus.credentials import render_server_config, write_server_config
+
+        users = cluster_users(self.env["GPUFLEET_DATABASE_URL"])
+        self.nats_users = users
+        text = render_server_config(
+            controlplane=self.secrets.controlplane(), clusters=users,
+            store_dir=self.data_dir / "nats", port=self.settings.nats_port,
+        )  # fmt: skip
+        return write_server_config(self.data_dir / "nats.conf", text)
+
+    def refresh_nats_users(self) -> str | None:
+        """A cluster created while `up` runs needs its NATS user: rewrite and reload."""
+        if self.nats is None or self.nats.process is None:
+            return None
+        if cluster_users(self.env["GPUFLEET_DATABASE_URL"]).keys() == self.nats_users.keys():
+            return None
+        self.write_nats_config()
+        self.nats.process.send_signal(signal.SIGHUP)
+        return f"NATS reloaded with {len(self.nats_users)} cluster user(s)"
 
     def _start_postgres(self) -> str:
         server = EmbeddedPostgres(postgres_root(self.data_dir), self.settings.postgres_port)
@@ -228,7 +395,7 @@ class Fleet:
         return server.url + "/0"
 
     def start_processes(self) -> None:
-        self.children = processes(self.settings, [])
+        self.children = processes(self.settings, self.secrets.clusters())
         for child in self.children:
             child.start(self.env, self.log_dir)
         for child in self.children:
@@ -285,7 +452,9 @@ def run_up(
     settings = Settings(**overrides)
     data = settings.data_dir.resolve()
     (data / "logs").mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(data))
+    run_dir = data / "run"
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(run_dir))
     lock = DataDirLock(data)
     fleet = Fleet(settings, say)
     stopping = False
@@ -301,14 +470,17 @@ def run_up(
         fleet.start_servers()
         token = bootstrap(fleet.env["GPUFLEET_DATABASE_URL"])
         if token and settings.load_demo_fleet and FLEET.exists():
-            count = load_fleet(fleet.env["GPUFLEET_DATABASE_URL"], FLEET)
+            count = load_fleet(fleet.env["GPUFLEET_DATABASE_URL"], FLEET, fleet.secrets)
             say(f"loaded the demo fleet: {count} objects from {FLEET.relative_to(REPO)}")
+        fleet.start_nats()
         fleet.start_processes()
         _announce(settings, token, say, data)
         last_status = 0.0
         while not stopping:
             now = time.monotonic()
             for note in fleet.supervise_once(now):
+                say(note)
+            if now - last_status >= status_every_s and (note := fleet.refresh_nats_users()):
                 say(note)
             if now - last_status >= status_every_s:
                 say(fleet.status_line())
@@ -324,7 +496,9 @@ def run_up(
         lock.release()
 
 
-def _announce(settings: Settings, token: str | None, say: Callable[[str], None], data: Path) -> None:
+def _announce(
+    settings: Settings, token: str | None, say: Callable[[str], None], data: Path
+) -> None:
     url = f"http://{settings.api_host}:{settings.api_port}"
     say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
     say(f"  API        {url}/api/v1   (docs: {url}/api/v1/docs)")

@@ -37,7 +37,9 @@ def update_liveness(
             continue
         old, new = changes[cluster.name]
         cluster.state = new
-        silence = (now - cluster.last_heartbeat_at).total_seconds() if cluster.last_heartbeat_at else None
+        silence = (
+            (now - cluster.last_heartbeat_at).total_seconds() if cluster.last_heartbeat_at else None
+        )
         session.add(
             Event(
                 type=f"Cluster{new.capitalize()}",
@@ -45,7 +47,9 @@ def update_liveness(
                 object_id=cluster.id,
                 object_name=cluster.name,
                 message=f"cluster {cluster.name} is {new} (was {old}); "
-                + (f"last heartbeat {silence:.0f} s ago" if silence is not None else "no heartbeat"),
+                + (
+                    f"last heartbeat {silence:.0f} s ago" if silence is not None else "no heartbeat"
+                ),
                 data={"from": old, "to": new},
             )
         )

@@ -36,7 +36,9 @@ class DbSink:
         self._factory = factory
         self._on_change = on_change or (lambda reason: None)
 
-    async def record_observed(self, cluster: str, state: ObservedState, received_at: datetime) -> None:
+    async def record_observed(
+        self, cluster: str, state: ObservedState, received_at: datetime
+    ) -> None:
         reason = await asyncio.to_thread(self._observed, cluster, state, received_at)
         if reason:
             self._on_change(reason)
@@ -55,7 +57,9 @@ class DbSink:
                 return None  # an older heartbeat redelivered late: the newer one stands
             cluster.last_heartbeat_at = received_at
             cluster.agent_version = state.agent_version or cluster.agent_version
-            cluster.observed_generation = max(cluster.observed_generation, state.observed_generation)
+            cluster.observed_generation = max(
+                cluster.observed_generation, state.observed_generation
+            )
             reason = _revive(session, cluster)
             _sync_replicas(session, cluster, state)
             if _record_demand(session, cluster, state):
@@ -106,14 +110,20 @@ def _sync_replicas(session: Session, cluster: Cluster, state: ObservedState) -> 
 
 
 def _upsert_replica(session: Session, cluster: Cluster, replica: dict[str, Any]) -> None:
-    deployment_id = session.scalar(select(Deployment.id).where(Deployment.name == replica["deployment"]))
+    deployment_id = session.scalar(
+        select(Deployment.id).where(Deployment.name == replica["deployment"])
+    )
     if deployment_id is None:
         return
     row = session.scalars(
-        select(Replica).where(Replica.cluster_id == cluster.id, Replica.name == replica["replica_id"])
+        select(Replica).where(
+            Replica.cluster_id == cluster.id, Replica.name == replica["replica_id"]
+        )
     ).first()
     if row is None:
-        row = Replica(name=replica["replica_id"], cluster_id=cluster.id, deployment_id=deployment_id)
+        row = Replica(
+            name=replica["replica_id"], cluster_id=cluster.id, deployment_id=deployment_id
+        )
         session.add(row)
     row.state = replica["state"]
     row.endpoint = replica.get("endpoint")

@@ -1,0 +1,132 @@
+"""`gpufleet up` as a user runs it: a subprocess on free ports and its own data directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from controlplane.local.postgres import free_port
+from controlplane.local.up import postgres_root
+
+READY = "Ctrl-C stops everything."
+
+
+class Up:
+    """One `gpufleet up` process; collects its output and the processes it started."""
+
+    def __init__(self, data_dir: Path, ports: dict[str, int]) -> None:
+        env = {**os.environ, "GPUFLEET_LOG_LEVEL": "WARNING"}
+        env |= {f"GPUFLEET_{k.upper()}_PORT": str(v) for k, v in ports.items()}
+        for key in ("GPUFLEET_DATABASE_URL", "GPUFLEET_NATS_URL", "GPUFLEET_REDIS_URL"):
+            env.pop(key, None)
+        self.api = f"http://127.0.0.1:{ports['api']}"
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"`up` never printed {text!r}:\n{self.output}")
+            time.sleep(0.1)
+
+    def processes(self) -> list[psutil.Process]:
+        """Its process tree plus daemons it started (PostgreSQL) that name the data dir."""
+        found = {p.pid: p for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        for p in _naming(self.data_dir):
+            found[p.pid] = p
+        found.pop(self.proc.pid, None)
+        return list(found.values())
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(60)
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {name: free_port() for name in ("api", "postgres", "nats", "redis")}
+
+
+@pytest.fixture
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("up") / "fleet"
+    yield path
+    for p in _naming(path):  # never leave a server behind, even when a test fails
+        p.kill()
+    shutil.rmtree(postgres_root(path.resolve()), ignore_errors=True)
+
+
+def _naming(data_dir: Path) -> list[psutil.Process]:
+    """Processes whose command line names the data dir or its PostgreSQL directory."""
+    marks = (str(data_dir), str(postgres_root(data_dir.resolve())))
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any(m in " ".join(p.info["cmdline"] or []) for m in marks)
+    ]
+
+
+def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports):
+    first = Up(data_dir, ports)
+    first.wait_for(READY)
+    token = re.search(r"admin token \(shown once, keep it\): (gpf_\S+)", first.output)
+    assert token, first.output
+    api = httpx.Client(base_url=first.api, headers={"Authorization": f"Bearer {token[1]}"})
+    names = {d["name"] for d in api.get("/api/v1/deployments").json()["items"]}
+    assert names == {"eu-assistant", "triage-llm", "batch-summarizer"}
+    api.post("/api/v1/gpu-types", json={"name": "B200-192G", "memory_gib": 192}).raise_for_status()
+
+    second = Up(data_dir, {**ports, "api": free_port()})  # same data dir while the first runs
+    assert second.proc.wait(60) == 1
+    assert "another `gpufleet up`" in second.output
+
+    started = first.processes()
+    assert len(started) >= 6, [p.cmdline() for p in started]
+    assert first.interrupt() == 0
+    assert psutil.wait_procs(started, timeout=15)[1] == [], "children survived Ctrl-C"
+    assert not (data_dir / "up.lock").exists()
+
+    again = Up(data_dir, ports)
+    again.wait_for(READY)
+    assert "admin token (shown once" not in again.output
+    assert api.get("/api/v1/gpu-types/B200-192G").status_code == 200  # state survived
+    assert again.interrupt() == 0
+
+
+def test_a_busy_port_is_a_clear_error(data_dir, ports):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports["api"]))
+        s.listen()
+        up = Up(data_dir, ports)
+        assert up.proc.wait(60) == 1
+    assert f"api port {ports['api']} already in use" in up.output
