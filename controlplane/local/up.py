@@ -49,7 +49,7 @@ class Child:
             self.process = subprocess.Popen(
                 self.argv, env={**base_env, **self.env}, stdout=log, stderr=log,
                 start_new_session=True, cwd=REPO,
-            )  # fmt: skip
+            )
         finally:
             log.close()
 
@@ -96,7 +96,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--no-access-log",
             ],
             port=settings.api_port,
-        ),  # fmt: skip
+        )
         Child(
             "worker",
             [
@@ -111,7 +111,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--without-mingle",
                 "--loglevel=INFO",
             ],
-        ),  # fmt: skip
+        )
         Child(
             "beat",
             [
@@ -125,7 +125,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--schedule",
                 str(data / "celerybeat-schedule"),
             ],
-        ),  # fmt: skip
+        )
         Child("bus", [py, "-m", "controlplane.cli", "bus"]),
     ]
     for cluster, creds in sorted(agents.items()):
@@ -144,7 +144,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                     "--state-dir",
                     str(data / "agents" / cluster),
                 ],
-            )  # fmt: skip
+            )
         )
     return children
 
@@ -196,7 +196,7 @@ def postgres_root(data_dir: Path) -> Path:
     import hashlib
 
     digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
-    return Path("/var/tmp") / f"gpufleet-postgres-{digest}"
+    return Path("/var/tmp") / f"gpufleet-postgres-{digest}"  # noqa: S108 - owned dir, see init
 
 
 def check_ports(wanted: dict[str, int]) -> None:
@@ -365,7 +365,7 @@ class Fleet:
         text = render_server_config(
             controlplane=self.secrets.controlplane(), clusters=users,
             store_dir=self.data_dir / "nats", port=self.settings.nats_port,
-        )  # fmt: skip
+        )
         return write_server_config(self.data_dir / "nats.conf", text)
 
     def refresh_nats_users(self) -> str | None:
