@@ -47,8 +47,12 @@ class Child:
         log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self.process = subprocess.Popen(
-                self.argv, env={**base_env, **self.env}, stdout=log, stderr=log,
-                start_new_session=True, cwd=REPO,
+                self.argv,
+                env={**base_env, **self.env},
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd=REPO,
             )
         finally:
             log.close()
@@ -96,7 +100,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--no-access-log",
             ],
             port=settings.api_port,
-        )
+        ),
         Child(
             "worker",
             [
@@ -111,7 +115,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--without-mingle",
                 "--loglevel=INFO",
             ],
-        )
+        ),
         Child(
             "beat",
             [
@@ -125,7 +129,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--schedule",
                 str(data / "celerybeat-schedule"),
             ],
-        )
+        ),
         Child("bus", [py, "-m", "controlplane.cli", "bus"]),
     ]
     for cluster, creds in sorted(agents.items()):
@@ -363,8 +367,10 @@ class Fleet:
         users = cluster_users(self.env["GPUFLEET_DATABASE_URL"])
         self.nats_users = users
         text = render_server_config(
-            controlplane=self.secrets.controlplane(), clusters=users,
-            store_dir=self.data_dir / "nats", port=self.settings.nats_port,
+            controlplane=self.secrets.controlplane(),
+            clusters=users,
+            store_dir=self.data_dir / "nats",
+            port=self.settings.nats_port,
         )
         return write_server_config(self.data_dir / "nats.conf", text)
 
