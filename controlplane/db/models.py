@@ -170,6 +170,7 @@ class Instance(Base):
     """A machine we hold in a pool; `idempotency_key` is written before the provider call."""
 
     __tablename__ = "instances"
+    __table_args__ = (Index("ix_instances_pool_state", "pool_id", "state"),)
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.id", ondelete="RESTRICT"))
     cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id", ondelete="SET NULL"))
@@ -178,6 +179,10 @@ class Instance(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), default="requested")
     health: Mapped[str] = mapped_column(String(16), default="unknown")
+    # procurement (0002): when the provider takes it back or we drain it; since when unused
+    drain_deadline: Mapped[datetime | None]
+    idle_since: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(server_default=func.now(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         server_default=func.now(), default=utcnow, onupdate=utcnow
