@@ -30,6 +30,7 @@ celery_app.conf.update(
     broker_connection_retry_on_startup=True,
     beat_schedule={
         "check-clusters": {"task": "gpufleet.check_clusters", "schedule": 5.0},
+        "replan": {"task": "gpufleet.replan", "schedule": 30.0, "kwargs": {"reason": "timer"}},
     },
 )
 
@@ -54,4 +55,22 @@ def check_clusters() -> list[str]:
         )
     if down:
         log.warning("clusters down: %s", ", ".join(down))
+        replan.delay(reason=f"cluster down: {', '.join(down)}")
     return down
+
+
+@celery_app.task(name="gpufleet.replan")
+def replan(reason: str = "timer") -> dict[str, object] | None:
+    """Re-plan (one at a time: a Postgres advisory lock), write placements and an event.
+
+    The bus process publishes the clusters whose desired generation moved.
+    """
+    from controlplane.services.placement import replan as run_replan
+
+    with transaction(sessions()) as session:
+        info = run_replan(session, reason)
+    if info is None:
+        log.info("re-plan skipped (%s): another one is running", reason)
+        return None
+    log.info("re-planned (%s): total $%s/h", reason, info["total_cost_per_hour"])
+    return {"total_cost_per_hour": info["total_cost_per_hour"], "changes": len(info["changes"])}

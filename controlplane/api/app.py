@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.observed import observed_routers
+from controlplane.api.placement import placement_router
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
 from controlplane.errors import (
     BadRequest,
@@ -129,7 +130,9 @@ def create_app(
     settings: Settings,
     session_factory: sessionmaker[Session] | None = None,
     extra_routers: list[APIRouter] | None = None,
+    on_inventory_change: Callable[[str], None] | None = None,
 ) -> FastAPI:
+    """`on_inventory_change(kind)` runs after a committed change placement depends on."""
     factory = session_factory or make_session_factory(
         make_engine(settings.database_url, settings.db_pool_size)
     )
@@ -154,6 +157,7 @@ def create_app(
     app.state.read_session_factory = make_read_session_factory(factory.kw["bind"])
     app.state.settings = settings
     app.state.verifier = TokenVerifier(factory)
+    app.state.on_inventory_change = on_inventory_change or (lambda kind: None)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(
         ControlPlaneError,
@@ -164,7 +168,12 @@ def create_app(
     app.add_exception_handler(Exception, _on_unexpected)
     app.include_router(_health_router())
     api = APIRouter(prefix="/api/v1")
-    for router in inventory_routers() + observed_routers() + (extra_routers or []):
+    for router in [
+        *inventory_routers(),
+        *observed_routers(),
+        placement_router(),
+        *(extra_routers or []),
+    ]:
         api.include_router(router)
     app.include_router(api)
     return app

@@ -19,6 +19,15 @@ def _one(kind: ResourceKind, result: svc.WriteResult, status: int = 200) -> JSON
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{result.row.generation}"'})
 
 
+REPLAN_KINDS = frozenset({"pools", "clusters", "deployments"})
+
+
+def _changed(request: Request, kind: ResourceKind) -> None:
+    """After a committed change that placement depends on: ask for a re-plan."""
+    if kind.path in REPLAN_KINDS:
+        request.app.state.on_inventory_change(kind.kind)
+
+
 def resource_router(kind: ResourceKind) -> APIRouter:
     router = APIRouter(prefix=f"/{kind.path}", tags=[kind.path])
     readers = require(kind.read_role)
@@ -51,7 +60,9 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         _: Principal = Depends(writers),
     ) -> JSONResponse:
         with session_scope(request) as session:
-            return _one(kind, svc.create(session, kind, spec, actor_of(request)), 201)
+            response = _one(kind, svc.create(session, kind, spec, actor_of(request)), 201)
+        _changed(request, kind)
+        return response
 
     @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name")
     def get_object(request: Request, ref: str, _: Principal = Depends(readers)) -> JSONResponse:
@@ -67,7 +78,10 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     ) -> JSONResponse:
         with session_scope(request) as session:
             result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))
-            return _one(kind, result, 201 if result.created else 200)
+            response = _one(kind, result, 201 if result.created else 200)
+        if result.changed:
+            _changed(request, kind)
+        return response
 
     @router.patch("/{ref}", summary=f"Change some fields of a {kind.kind} (JSON merge patch)")
     def patch_object(
@@ -78,7 +92,10 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     ) -> JSONResponse:
         with session_scope(request) as session:
             result = svc.patch(session, kind, ref, changes, actor_of(request), if_match(request))
-            return _one(kind, result)
+            response = _one(kind, result)
+        if result.changed:
+            _changed(request, kind)
+        return response
 
     @router.delete("/{ref}", status_code=204, summary=f"Delete a {kind.kind}")
     def delete_object(
@@ -86,6 +103,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     ) -> Response:
         with session_scope(request) as session:
             svc.delete(session, kind, ref, actor_of(request), force, if_match(request))
+        _changed(request, kind)
         return Response(status_code=204)
 
     return router

@@ -140,6 +140,12 @@ class PoolSpec(Spec):
     interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
     notice_seconds: int | None = Field(default=None, ge=0)
 
+    @field_validator("price_per_gpu_hour", "interruptions_per_hour")
+    @classmethod
+    def _exact(cls, v: Decimal | None) -> Decimal | None:
+        # stored as NUMERIC(…, 6): normalise so that "2.1" and "2.100000" are the same spec
+        return None if v is None else v.quantize(Decimal("0.000001"))
+
     @model_validator(mode="after")
     def _purchase_fields(self) -> Self:
         for fname, only in _ONLY_FOR.items():

@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from controlplane.placement.constraints import Tables, compile_tables
+from controlplane.placement import transport
 from controlplane.placement.flow import MAX_CLASSES, ClassFlow
 from controlplane.placement.incremental import replan_deployments
 from controlplane.placement.model import Assignment, PlacementInput, PlacementResult
@@ -88,51 +89,76 @@ def placement_order(t: Tables, plan: Plan) -> list[int]:
     tight = [demand[groups[d]] / supply[groups[d]] for d in range(len(deps))]
     return sorted(
         range(len(deps)),
-        key=lambda d: (-deps[d].priority, -round(tight[d], 1), -deps[d].gpus_per_replica, d),
+        key=lambda d: (
+            -deps[d].priority,
+            -round(tight[d], 1),
+            -deps[d].gpus_per_replica,
+            -max(deps[d].policy.min_distinct_providers, deps[d].policy.min_distinct_regions),
+            d,
+        ),
     )
 
 
-def assign_quotas(plan: Plan, order: list[int]) -> None:
-    """Run the class-level flow for the missing replicas and hand out per-pool quotas."""
+def _classes(plan: Plan, order: list[int]) -> list[list[int]]:
+    """Deployments with missing replicas grouped by (size, admissible pools, cost row).
+
+    Priority is not part of the key: within a class the fill serves higher priority first,
+    across classes place_hard displaces lower priority.
+    """
     t = plan.t
     deps = t.inp.deployments
     classes: dict[tuple[int, int, int], int] = {}
     members: list[list[int]] = []
     for d in order:
-        missing = deps[d].target_replicas - plan.placed(d)
-        if missing > 0:
-            key = (deps[d].gpus_per_replica, id(t.compat(d)), id(t.cost(d)))
+        if deps[d].target_replicas - plan.placed(d) > 0:
+            dep = deps[d]
+            key = (dep.gpus_per_replica, id(t.compat(d)), id(t.cost(d)))
             c = classes.setdefault(key, len(classes))
             if c == len(members):
                 members.append([])
             members[c].append(d)
+    return members
+
+
+def assign_quotas(plan: Plan, order: list[int]) -> None:
+    """Solve the class-level transportation LP for the missing replicas; hand out quotas."""
+    t = plan.t
+    deps = t.inp.deployments
+    members = _classes(plan, order)
     if not members or len(members) > MAX_CLASSES:
         return
     n_pool = len(t.pool_ids)
     cost = np.full((len(members), n_pool), np.inf)
-    supply = np.zeros(len(members), dtype=np.int64)
+    demand = np.zeros(len(members), dtype=np.int64)
     spot = np.zeros(len(members), dtype=np.int64)
     for c, ds in enumerate(members):
         d0 = ds[0]
         cost[c] = np.where(t.compat(d0), t.cost(d0), np.inf)
         for d in ds:
-            s = deps[d].gpus_per_replica
-            supply[c] += (deps[d].target_replicas - plan.placed(d)) * s
-            spot[c] += max(plan.spot_budget(d), 0) * s
+            demand[c] += deps[d].target_replicas - plan.placed(d)
+            spot[c] += max(plan.spot_budget(d), 0)
+    sizes = np.array([deps[ds[0]].gpus_per_replica for ds in members], dtype=np.int64)
+    rank = np.zeros(len(members), dtype=np.int64)
     free = t.cap - plan.used
-    scarcity = np.array([free[np.isfinite(row)].sum() for row in cost], dtype=float)
-    prio = np.array([-deps[ds[0]].priority for ds in members], dtype=float)
-    rank = np.lexsort((scarcity, prio)).argsort()
-    sizes = np.array([deps[ds[0]].gpus_per_replica for ds in members])
-    flow = ClassFlow(cost, supply, free, t.is_spot, spot, rank, sizes)
-    flow.solve()
-    plan.reserved = np.zeros(len(t.pool_ids), dtype=np.int64)
+    quotas = transport.solve(
+        transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy())
+    )
+    if quotas is None:
+        quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
+    plan.reserved = np.zeros(n_pool, dtype=np.int64)
     for c, ds in enumerate(members):
-        s = deps[ds[0]].gpus_per_replica
-        quota = flow.f[c] // s
-        plan.reserved += quota * s
+        plan.reserved += quotas[c] * sizes[c]
         for d in ds:
-            plan.quota[d] = quota
+            plan.quota[d] = quotas[c]
+
+
+def _greedy_quotas(cost, sizes, demand, spot, rank, free, is_spot) -> np.ndarray:
+    """Fallback when the LP does not finish: scarcest-first greedy plus cycle cancelling."""
+    scarcity = np.array([free[np.isfinite(row)].sum() for row in cost], dtype=float)
+    order = np.lexsort((scarcity, -rank)).argsort()
+    flow = ClassFlow(cost, demand * sizes, free, is_spot, spot * sizes, order, sizes)
+    flow.solve()
+    return flow.f // sizes[:, None]
 
 
 def solve(plan: Plan, order: list[int]) -> None:

@@ -157,6 +157,8 @@ def fill(plan: Plan, d: int, k: int) -> int:
         quota = plan.quota.get(d)
         if quota is not None:  # pools the class-level flow reserved for this shape first
             cost = np.where(quota > 0, cost - QUOTA_BONUS, cost)
+            if plan.spot_budget(d) > 0:  # spot quota is only usable by members with budget
+                cost = np.where((quota > 0) & t.is_spot, cost - QUOTA_BONUS, cost)
         p = int(np.argmin(cost + EPS_FIT * free))
         if not math.isfinite(cost[p]):
             plan.blocked[d] = unmet or "capacity"

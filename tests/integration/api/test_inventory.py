@@ -186,3 +186,12 @@ def test_every_object_says_its_kind_and_a_provider_its_cloud(admin):
     assert [p["name"] for p in admin.get("providers", provider_kind="aws").json()["items"]] == [
         "aws-main"
     ]
+
+
+def test_put_of_an_unchanged_pool_with_a_short_decimal_is_a_no_op(admin):
+    b.seed(admin)
+    body = b.pool("p-dec", price_per_gpu_hour="3.93375")
+    assert admin.put("pools/p-dec", body).json()["generation"] == 1
+    again = admin.put("pools/p-dec", body)
+    assert again.json()["generation"] == 1
+    assert len(admin.get("audit", resource_name="p-dec").json()["items"]) == 1

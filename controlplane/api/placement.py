@@ -1,0 +1,113 @@
+"""Placement routes: the current placement, a what-if preview, and an on-demand re-plan."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.api.auth import Principal, require
+from controlplane.api.context import read_scope, session_scope
+from controlplane.api.schemas import Role
+from controlplane.errors import Conflict, InvalidSpec
+from controlplane.services import placement as svc
+
+CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
+
+
+class ClusterWhatIf(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["cluster"]
+    name: str
+    state: Literal["healthy", "down", "cordoned"]
+
+
+class PoolWhatIf(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["pool"]
+    name: str
+    gpus: int | None = Field(default=None, ge=0, description="GPUs usable now")
+    procurable_gpus: int | None = Field(default=None, ge=0)
+    removed: bool = Field(default=False, description="e.g. the reservation ends")
+
+
+class DeploymentWhatIf(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["deployment"]
+    name: str
+    replicas: int | None = Field(default=None, ge=0, description="wanted replicas")
+    min_replicas: int | None = Field(default=None, ge=0)
+    priority: int | None = Field(default=None, ge=0, le=1000)
+
+
+class Preview(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    changes: list[ClusterWhatIf | PoolWhatIf | DeploymentWhatIf] = Field(
+        min_length=1, description="What to pretend, e.g. a cluster down or a reservation ending."
+    )
+
+
+def _engine_change(
+    i: int, change: ClusterWhatIf | PoolWhatIf | DeploymentWhatIf, world: svc.World
+) -> dict[str, Any]:
+    known = {"cluster": world.clusters, "pool": world.pools, "deployment": world.deployments}
+    if change.name not in known[change.kind]:
+        raise InvalidSpec.on(f"changes[{i}].name", f"no {change.kind} named '{change.name}'")
+    if isinstance(change, ClusterWhatIf):
+        return {
+            "kind": "cluster",
+            "name": change.name,
+            "set": {"state": CLUSTER_STATES[change.state]},
+        }
+    if isinstance(change, PoolWhatIf):
+        patch: dict[str, Any] = {
+            "capacity_gpus": change.gpus,
+            "procurable_gpus": change.procurable_gpus,
+        }
+        if change.removed:
+            patch = {"capacity_gpus": 0, "procurable_gpus": 0}
+        return {
+            "kind": "pool",
+            "name": change.name,
+            "set": {k: v for k, v in patch.items() if v is not None},
+        }
+    patch = {"wanted_replicas": change.replicas, "min_replicas": change.min_replicas,
+             "priority": change.priority}  # fmt: skip
+    return {
+        "kind": "deployment",
+        "name": change.name,
+        "set": {k: v for k, v in patch.items() if v is not None},
+    }
+
+
+def placement_router() -> APIRouter:
+    router = APIRouter(prefix="/placement", tags=["placement"])
+
+    @router.get("", summary="The current placement, with reasons and cost per hour")
+    def get_placement(
+        request: Request, _: Principal = Depends(require(Role.viewer))
+    ) -> dict[str, Any]:
+        with read_scope(request) as session:
+            return svc.current(session)
+
+    @router.post("/preview", summary="What if: re-plan with pretend changes, save nothing")
+    def preview(
+        request: Request, body: Preview, _: Principal = Depends(require(Role.viewer))
+    ) -> dict[str, Any]:
+        with read_scope(request) as session:
+            world = svc.load_world(session)
+            changes = [_engine_change(i, c, world) for i, c in enumerate(body.changes)]
+            return svc.preview(world, changes)
+
+    @router.post("/replan", summary="Re-plan now (normally Celery does it on changes and a timer)")
+    def replan_now(
+        request: Request, _: Principal = Depends(require(Role.operator))
+    ) -> dict[str, Any]:
+        with session_scope(request) as session:
+            result = svc.replan(session, reason="api")
+        if result is None:
+            raise Conflict("another re-plan is running; retry in a moment")
+        return result
+
+    return router

@@ -1,0 +1,179 @@
+"""Class-level transportation LP (HiGHS dual simplex) that hands replica quotas to the fill.
+
+Deployments of one shape (replica size, admissible pools, cost row, priority) form a class.
+The LP chooses x[c, p] replicas of class c in pool p, 0 <= x <= floor(free_p / size_c):
+  min  sum size_c * cost[c, p] * x[c, p] + sum size_c * penalty_c * unplaced_c
+  s.t. sum_p x[c, p] + unplaced_c = demand_c          (every replica placed or counted)
+       sum_c size_c * x[c, p] <= free_p               (no pool over-committed)
+       sum_{p spot} x[c, p] <= spot_c                 (summed spot budgets of the class)
+penalty_c is far above any price and grows by PRIORITY_STEP per priority level, so placing
+wins over cost and higher priority over lower. Only each class's cheapest pools start as
+columns; columns with a negative reduced cost are added until none is left (column
+generation), so the answer is the optimum of the full LP. Quotas are floor(x).
+
+Deterministic: one thread, an iteration limit (never a time limit: no clock in a decision).
+Returns None when HiGHS is missing or does not finish; the caller then fills greedily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ITERATION_LIMIT = 200_000
+MAX_ROUNDS = 30  # column-generation rounds
+ENTER_PER_CLASS = 32  # columns added per class and round, most negative first
+COVER = 3.0  # initial columns: cheapest pools holding COVER x the class's demand
+MIN_COLUMNS = 24
+PRIORITY_STEP = 10.0
+MAX_PRIORITY_LEVELS = 5
+TOL = 1e-7
+
+
+@dataclass(frozen=True)
+class Problem:
+    cost: np.ndarray  # C x P, $/GPU-hour, inf where the class may not use the pool
+    sizes: np.ndarray  # C, GPUs per replica
+    demand: np.ndarray  # C, replicas to place
+    spot_cap: np.ndarray  # C, spot replicas allowed (summed over the class's deployments)
+    priority_rank: np.ndarray  # C, 0 = lowest priority present
+    free: np.ndarray  # P, GPUs free
+    is_spot: np.ndarray  # P, bool
+
+
+def _penalties(pr: Problem) -> np.ndarray:
+    finite = pr.cost[np.isfinite(pr.cost)]
+    base = 10.0 * (float(finite.max()) + 1.0) if finite.size else 10.0
+    rank = np.minimum(pr.priority_rank, MAX_PRIORITY_LEVELS)
+    return base * PRIORITY_STEP**rank
+
+
+def _initial_columns(pr: Problem, upper: np.ndarray) -> np.ndarray:
+    """Boolean C x P: each class's cheapest admissible pools covering COVER x its demand."""
+    chosen = np.zeros(pr.cost.shape, dtype=bool)
+    for c in range(len(pr.sizes)):
+        idx = np.flatnonzero(upper[c] > 0)
+        if not len(idx) or pr.demand[c] <= 0:
+            continue
+        idx = idx[np.argsort(pr.cost[c, idx], kind="stable")]
+        cover = np.cumsum(upper[c, idx])
+        n = int(np.searchsorted(cover, COVER * pr.demand[c])) + 1
+        chosen[c, idx[: max(n, MIN_COLUMNS)]] = True
+    return chosen
+
+
+class _Model:
+    """The HiGHS model; rows: classes, then pools, then per-class spot rows."""
+
+    def __init__(self, pr: Problem, upper: np.ndarray) -> None:
+        import highspy
+
+        self.hs = highspy
+        self.pr = pr
+        self.upper = upper
+        self.n_c, self.n_p = pr.cost.shape
+        self.cols_c = np.zeros(0, dtype=np.int64)
+        self.cols_p = np.zeros(0, dtype=np.int64)
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("presolve", "off")
+        h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)
+        inf = highspy.kHighsInf
+        n_c = self.n_c
+        lower = np.concatenate([pr.demand, np.full(self.n_p + n_c, -inf)]).astype(float)
+        upper_rows = np.concatenate([pr.demand, pr.free, pr.spot_cap]).astype(float)
+        n_rows = len(lower)
+        empty = np.zeros(0, dtype=np.int32)
+        h.addRows(n_rows, lower, upper_rows, 0, np.zeros(n_rows, np.int32), empty, np.zeros(0))
+        penalty = _penalties(pr) * pr.sizes
+        starts = np.arange(n_c, dtype=np.int32)
+        h.addCols(
+            n_c,
+            penalty.astype(float),
+            np.zeros(n_c),
+            np.full(n_c, inf),
+            n_c,
+            starts,
+            np.arange(n_c, dtype=np.int32),
+            np.ones(n_c),
+        )
+        self.h = h
+
+    def add(self, cs: np.ndarray, ps: np.ndarray) -> None:
+        pr = self.pr
+        n = len(cs)
+        if not n:
+            return
+        spot = pr.is_spot[ps]
+        per = 2 + spot.astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(per)[:-1]]).astype(np.int32)
+        index = np.empty(int(per.sum()), dtype=np.int32)
+        value = np.empty(len(index))
+        index[starts] = cs
+        value[starts] = 1.0
+        index[starts + 1] = self.n_c + ps
+        value[starts + 1] = pr.sizes[cs]
+        s = starts[spot] + 2
+        index[s] = self.n_c + self.n_p + cs[spot]
+        value[s] = 1.0
+        cost = pr.sizes[cs] * pr.cost[cs, ps]
+        self.h.addCols(
+            n, cost, np.zeros(n), self.upper[cs, ps].astype(float), len(index), starts, index, value
+        )
+        self.cols_c = np.concatenate([self.cols_c, cs])
+        self.cols_p = np.concatenate([self.cols_p, ps])
+
+    def run(self) -> bool:
+        self.h.run()
+        return self.h.getModelStatus() == self.hs.HighsModelStatus.kOptimal
+
+    def entering(self, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Absent columns with a negative reduced cost under the current duals."""
+        pr = self.pr
+        y = np.asarray(self.h.getSolution().row_dual)
+        y_c, y_p, y_s = y[: self.n_c], y[self.n_c : self.n_c + self.n_p], y[self.n_c + self.n_p :]
+        with np.errstate(invalid="ignore"):
+            rc = pr.sizes[:, None] * (pr.cost - y_p[None, :]) - y_c[:, None]
+            rc -= np.where(pr.is_spot[None, :], y_s[:, None], 0.0)
+        bad = (rc < -TOL * (1.0 + np.abs(y_c[:, None]))) & (self.upper > 0) & ~present
+        rc = np.where(bad, rc, np.inf)
+        k = min(ENTER_PER_CLASS, self.n_p)
+        best = np.argpartition(rc, k - 1, axis=1)[:, :k]
+        cs = np.repeat(np.arange(self.n_c), k)
+        ps = best.ravel()
+        keep = np.isfinite(rc[cs, ps])
+        return cs[keep], ps[keep]
+
+    def solution(self) -> np.ndarray:
+        x = np.asarray(self.h.getSolution().col_value)[self.n_c :]
+        out = np.zeros((self.n_c, self.n_p), dtype=np.int64)
+        out[self.cols_c, self.cols_p] = np.floor(x + 1e-6).astype(np.int64)
+        return out
+
+
+def solve(pr: Problem) -> np.ndarray | None:
+    """Replica quotas C x P (integral, within free capacity and spot caps), or None."""
+    try:
+        import highspy  # noqa: F401
+    except ImportError:  # pragma: no cover - highspy is a dependency; greedy fallback
+        return None
+    with np.errstate(invalid="ignore"):
+        upper = np.where(
+            np.isfinite(pr.cost), np.maximum(pr.free, 0)[None, :] // pr.sizes[:, None], 0
+        )
+    upper = np.where(pr.is_spot[None, :], np.minimum(upper, pr.spot_cap[:, None]), upper)
+    upper = np.minimum(upper, pr.demand[:, None])
+    model = _Model(pr, upper)
+    present = _initial_columns(pr, upper)
+    model.add(*np.nonzero(present))
+    for _ in range(MAX_ROUNDS):
+        if not model.run():
+            return None
+        cs, ps = model.entering(present)
+        if not len(cs):
+            return model.solution()
+        present[cs, ps] = True
+        model.add(cs, ps)
+    return model.solution()  # feasible, perhaps not optimal

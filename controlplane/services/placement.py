@@ -1,0 +1,308 @@
+"""Placement against PostgreSQL: load the engine's input, run it, write the result.
+
+`load_input` maps rows to the pure engine's dataclasses; `apply_result` writes placements,
+per-deployment status (reasons, cost) and an event in the caller's transaction, and bumps
+the desired generation of every cluster whose share changed. What-if previews run the same
+path on a modified input and write nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import delete, select, text
+from sqlalchemy.orm import Session
+
+from controlplane import placement as engine
+from controlplane.db import models as m
+from controlplane.services.desired import bump_desired
+
+LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
+ENGINE_STATE = {"healthy": "healthy", "stale": "healthy", "cordoned": "draining",
+                "down": "offline", "pending": "offline"}  # fmt: skip
+
+
+def utc_offset_hours(longitude: float) -> float:
+    return round(longitude / 15.0)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class World:
+    """The engine input plus the row ids needed to write the result back."""
+
+    input: engine.PlacementInput
+    deployments: dict[str, m.Deployment] = field(default_factory=dict)
+    clusters: dict[str, m.Cluster] = field(default_factory=dict)
+    pools: dict[str, m.Pool] = field(default_factory=dict)
+
+
+def wanted_replicas(deployment: m.Deployment) -> int:
+    """From the autoscalers' summed demand, within [min, max]; a scale-to-zero deployment
+    keeps room for one replica so that its first request can be served after a cold start."""
+    policy = deployment.autoscaling or {}
+    low, high = int(policy.get("min_replicas", 1)), int(policy.get("max_replicas", 1))
+    floor = max(low, 1 if high >= 1 else 0)
+    return max(floor, min(high, deployment.demand_replicas))
+
+
+def _pool(row: m.Pool, now: datetime) -> engine.Pool:
+    exhausted = (row.status or {}).get("exhausted_until")
+    blocked = exhausted is not None and datetime.fromisoformat(exhausted) > now
+    procurable = 0
+    if row.purchase_type == "on_demand" and not blocked:
+        procurable = max(0, (row.quota_gpus or 0) - row.gpus)
+    elif row.purchase_type == "spot" and not blocked:
+        procurable = int((row.status or {}).get("spot_available_gpus", 0))
+    return engine.Pool(
+        id=row.name,
+        provider=row.provider.name,
+        region=row.region.name,
+        gpu_type=row.gpu_type.name,
+        purchase=row.purchase_type,  # type: ignore[arg-type]
+        capacity_gpus=row.gpus,
+        price_per_gpu_hour=float(row.price_per_gpu_hour),
+        procurable_gpus=procurable,
+        interruption_rate_per_hour=float(row.interruptions_per_hour or 0),
+        certifications=frozenset(row.provider.certifications),
+        gpus_per_instance=row.gpus_per_instance,
+    )
+
+
+def _deployment(row: m.Deployment) -> engine.Deployment:
+    p = row.placement or {}
+    return engine.Deployment(
+        name=row.name,
+        gpus_per_replica=row.gpus_per_replica,
+        gpu_types=tuple(row.gpu_types),
+        wanted_replicas=wanted_replicas(row),
+        min_replicas=int((row.autoscaling or {}).get("min_replicas", 1)),
+        policy=engine.PlacementPolicy(
+            allowed_jurisdictions=frozenset(p.get("allowed_jurisdictions", [])),
+            allowed_regions=frozenset(p.get("allowed_regions", [])),
+            required_certifications=frozenset(p.get("required_certifications", [])),
+            spot_allowed=bool(p.get("spot_allowed", False)),
+            max_spot_fraction=float(p.get("max_spot_fraction", 0.5)),
+            min_distinct_providers=int(p.get("min_providers", 1)),
+            min_distinct_regions=int(p.get("min_regions", 1)),
+        ),
+        priority=row.priority,
+        traffic=dict(row.traffic or {}),
+    )
+
+
+def _cluster(row: m.Cluster) -> engine.Cluster:
+    state = "cordoned" if (row.status or {}).get("cordoned") else row.state
+    return engine.Cluster(
+        name=row.name,
+        pool_ids=tuple(sorted(p.name for p in row.pools)),
+        state=ENGINE_STATE.get(state, "offline"),  # type: ignore[arg-type]
+    )
+
+
+def load_world(session: Session, now: datetime | None = None) -> World:
+    now = now or _now()
+    pools = {p.name: p for p in session.scalars(select(m.Pool).order_by(m.Pool.name)).unique()}
+    clusters = {
+        c.name: c for c in session.scalars(select(m.Cluster).order_by(m.Cluster.name)).unique()
+    }
+    deployments = {
+        d.name: d for d in session.scalars(select(m.Deployment).order_by(m.Deployment.name))
+    }
+    regions = session.scalars(select(m.Region).order_by(m.Region.name)).unique()
+    names = {
+        "deployment": {d.id: d.name for d in deployments.values()},
+        "cluster": {c.id: c.name for c in clusters.values()},
+        "pool": {p.id: p.name for p in pools.values()},
+    }
+    current = tuple(
+        engine.Assignment(
+            names["deployment"][row.deployment_id],
+            names["cluster"][row.cluster_id],
+            names["pool"][row.pool_id],
+            row.replicas,
+        )
+        for row in session.scalars(select(m.Placement).order_by(m.Placement.id))
+        if row.replicas > 0
+    )
+    return World(
+        input=engine.PlacementInput(
+            regions=tuple(
+                engine.Region(r.name, r.jurisdiction, utc_offset_hours(r.longitude))
+                for r in regions
+            ),
+            pools=tuple(_pool(p, now) for p in pools.values()),
+            clusters=tuple(_cluster(c) for c in clusters.values()),
+            deployments=tuple(_deployment(d) for d in deployments.values()),
+            current=current,
+        ),
+        deployments=deployments,
+        clusters=clusters,
+        pools=pools,
+    )
+
+
+def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
+    """The placement as the API shows it: per deployment, where, why not, what it costs."""
+    per_dep: dict[str, dict[str, Any]] = {}
+    placed: dict[str, int] = defaultdict(int)
+    for a in result.assignments:
+        placed[a.deployment] += a.replicas
+    for dep in world.input.deployments:
+        per_dep[dep.name] = {
+            "wanted_replicas": dep.target_replicas,
+            "placed_replicas": placed.get(dep.name, 0),
+            "cost_per_hour": f"{result.cost_per_hour.get(dep.name, 0.0):.6f}",
+            "assignments": [
+                {"cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
+                for a in result.assignments
+                if a.deployment == dep.name
+            ],
+            "unplaced": [
+                {
+                    "replicas": u.replicas,
+                    "constraint": u.constraint,
+                    "reason": u.reason,
+                    "displaced_by": u.displaced_by,
+                }
+                for u in result.unplaced
+                if u.deployment == dep.name
+            ],
+        }
+    return {
+        "total_cost_per_hour": f"{result.total_cost_per_hour:.6f}",
+        "deployments": per_dep,
+        "changes": [_change(c) for c in result.changes],
+        "procurement": [
+            {"pool": p.pool, "gpus": p.gpus, "instances": p.instances} for p in result.procurement
+        ],
+    }
+
+
+def _change(c: engine.Change) -> dict[str, Any]:
+    fields = {"kind": c.kind, "deployment": c.deployment, "replicas": c.replicas,
+              "from_cluster": c.from_cluster, "from_pool": c.from_pool,
+              "to_cluster": c.to_cluster, "to_pool": c.to_pool}  # fmt: skip
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _min_shares(total_min: int, rows: list[engine.Assignment]) -> list[int]:
+    """Spread a deployment's min replicas over its rows, largest rows first."""
+    shares, left = [0] * len(rows), total_min
+    for i in sorted(range(len(rows)), key=lambda i: -rows[i].replicas):
+        shares[i] = min(rows[i].replicas, left)
+        left -= shares[i]
+    return shares
+
+
+def apply_result(
+    session: Session, world: World, result: engine.PlacementResult, reason: str
+) -> dict[str, Any]:
+    """Write the placement; returns the summary. Clusters whose share changed get a new
+    desired generation (the bus process publishes them)."""
+    before = {(a.deployment, a.cluster, a.pool): a.replicas for a in world.input.current}
+    after = {(a.deployment, a.cluster, a.pool): a.replicas for a in result.assignments}
+    touched = {
+        world.clusters[key[1]].id
+        for key in before.keys() | after.keys()
+        if before.get(key) != after.get(key)
+    }
+    session.execute(delete(m.Placement))
+    by_dep: dict[str, list[engine.Assignment]] = defaultdict(list)
+    for a in result.assignments:
+        by_dep[a.deployment].append(a)
+    for name, rows in by_dep.items():
+        dep = world.deployments[name]
+        mins = _min_shares(int((dep.autoscaling or {}).get("min_replicas", 1)), rows)
+        price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
+        for row, low in zip(rows, mins, strict=True):
+            session.add(m.Placement(
+                deployment_id=dep.id, cluster_id=world.clusters[row.cluster].id,
+                pool_id=world.pools[row.pool].id, replicas=row.replicas, min_replicas=low,
+                max_replicas=row.replicas,
+                cost_per_hour=Decimal(f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"),
+            ))  # fmt: skip
+    info = summary(world, result)
+    for name, dep in world.deployments.items():
+        dep.status = {**(dep.status or {}), "placement": info["deployments"].get(name, {})}
+    bump_desired(session, touched)
+    if touched or result.unplaced:
+        session.add(m.Event(
+            type="PlacementChanged" if touched else "PlacementUnchanged", object_kind="Placement",
+            message=f"re-planned ({reason}): {len(result.changes)} change(s), "
+                    f"{sum(u.replicas for u in result.unplaced)} replica(s) unplaced, "
+                    f"${result.total_cost_per_hour:.2f}/h",
+            data={"reason": reason, "changes": info["changes"], "procurement": info["procurement"]},
+        ))  # fmt: skip
+    return info
+
+
+def replan(session: Session, reason: str, now: datetime | None = None) -> dict[str, Any] | None:
+    """One re-plan in the caller's transaction; None when another one holds the lock."""
+    if not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
+        return None
+    world = load_world(session, now)
+    result = engine.place(world.input)
+    return apply_result(session, world, result, reason)
+
+
+def current(session: Session) -> dict[str, Any]:
+    """The stored placement and each deployment's last placement status (reasons, cost)."""
+    world = load_world(session)
+    deployments = {
+        name: (d.status or {}).get("placement", {}) for name, d in world.deployments.items()
+    }
+    total = sum(Decimal(v.get("cost_per_hour", "0")) for v in deployments.values())
+    assignments = [
+        {"deployment": a.deployment, "cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
+        for a in world.input.current
+    ]
+    return {"total_cost_per_hour": f"{total:.6f}", "deployments": deployments,
+            "assignments": assignments}  # fmt: skip
+
+
+def with_changes(world: World, changes: Iterable[dict[str, Any]]) -> World:
+    """A what-if copy of the world: e.g. a cluster down, a pool's reservation ended."""
+    inp = world.input
+    for change in changes:
+        inp = _apply_change(inp, change)
+    return replace(world, input=inp)
+
+
+def _apply_change(inp: engine.PlacementInput, change: dict[str, Any]) -> engine.PlacementInput:
+    kind, name, patch = change["kind"], change["name"], change.get("set", {})
+    if kind == "cluster":
+        return replace(inp, clusters=tuple(
+            replace(c, **_fields(engine.Cluster, patch)) if c.name == name else c for c in inp.clusters
+        ))  # fmt: skip
+    if kind == "pool":
+        return replace(inp, pools=tuple(
+            replace(p, **_fields(engine.Pool, patch)) if p.id == name else p for p in inp.pools
+        ))  # fmt: skip
+    return replace(inp, deployments=tuple(
+        replace(d, **_fields(engine.Deployment, patch)) if d.name == name else d for d in inp.deployments
+    ))  # fmt: skip
+
+
+def _fields(cls: type, patch: dict[str, Any]) -> dict[str, Any]:
+    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    return {k: v for k, v in patch.items() if k in known}
+
+
+def preview(world: World, changes: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Re-plan with pretend changes against the plan for the unchanged world; writes nothing."""
+    baseline = engine.place(world.input)
+    changed = with_changes(world, changes)
+    after = engine.place(replace(changed.input, current=baseline.assignments))
+    info = summary(changed, after)
+    info["moves"] = info.pop("changes")
+    info["cost_delta_per_hour"] = f"{after.total_cost_per_hour - baseline.total_cost_per_hour:.6f}"
+    return info

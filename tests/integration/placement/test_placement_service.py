@@ -1,0 +1,98 @@
+"""Placement on the real database: the demo fleet placed, explained, previewed, published."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select, text, update
+
+from controlplane.db import models as m
+from controlplane.services.desired import desired_state
+from controlplane.services.inventory import Actor
+from controlplane.services.manifests import apply_manifests
+from controlplane.services.placement import replan
+
+FLEET = Path(__file__).resolve().parents[3] / "infra" / "examples" / "fleet.yaml"
+
+
+@pytest.fixture
+def demo(admin, session_factory):
+    """The demo fleet with every cluster's agent heartbeating (healthy)."""
+    docs = [d for d in yaml.safe_load_all(FLEET.read_text()) if d]
+    with session_factory() as s, s.begin():
+        apply_manifests(s, docs, Actor("test"))
+        s.execute(update(m.Cluster).values(state="healthy"))
+    return admin
+
+
+def _placed(api, deployment: str) -> list[dict]:
+    return api.get("placement").json()["deployments"][deployment]["assignments"]
+
+
+def test_replan_places_every_demo_deployment_within_its_policy(demo, operator):
+    result = operator.post("placement/replan", {})
+    assert result.status_code == 200, result.text
+
+    eu = _placed(demo, "eu-assistant")
+    assert {a["cluster"] for a in eu} == {"euc1-a"}  # DE only, though US is cheaper
+    triage = _placed(demo, "triage-llm")
+    assert {a["pool"] for a in triage} <= {"aws-use1-h100-reserved", "aws-use1-h100-od"}
+    assert sum(a["replicas"] for a in triage) == 2
+    # reserved capacity first: the 16 reserved H100s carry triage before on-demand does
+    assert {a["pool"] for a in triage} == {"aws-use1-h100-reserved"}
+
+    rows = demo.get("placements").json()["items"]
+    assert sum(r["replicas"] for r in rows) >= 4
+    assert demo.get("events", type="PlacementChanged").json()["items"]
+    assert float(demo.get("placement").json()["total_cost_per_hour"]) > 0
+
+
+def test_an_unchanged_world_replans_to_the_same_placement(demo, operator, session_factory):
+    operator.post("placement/replan", {})
+    with session_factory() as s:
+        generations = dict(s.execute(select(m.Cluster.name, m.Cluster.desired_generation)).all())
+    operator.post("placement/replan", {})
+    with session_factory() as s:
+        again = dict(s.execute(select(m.Cluster.name, m.Cluster.desired_generation)).all())
+    assert again == generations
+    assert len(demo.get("events", type="PlacementChanged").json()["items"]) == 1
+
+
+def test_preview_of_a_cluster_down_explains_without_saving(demo, operator):
+    operator.post("placement/replan", {})
+    before = demo.get("placement").json()
+    preview = demo.post("placement/preview", {"changes": [{"kind": "cluster", "name": "euc1-a", "state": "down"}]})
+    assert preview.status_code == 200, preview.text
+    eu = preview.json()["deployments"]["eu-assistant"]
+    assert eu["placed_replicas"] == 0
+    reason = eu["unplaced"][0]["reason"]
+    assert "DE" in reason and "to fix" in reason
+    assert any(m_["deployment"] == "eu-assistant" for m_ in preview.json()["moves"])
+    assert float(preview.json()["cost_delta_per_hour"]) < 0  # the DE replicas stop costing
+    assert demo.get("placement").json() == before  # nothing saved
+
+    unknown = demo.post("placement/preview", {"changes": [{"kind": "pool", "name": "nope", "removed": True}]})
+    assert unknown.status_code == 422
+    assert unknown.json()["errors"][0]["field"] == "changes[0].name"
+
+
+def test_only_one_replan_runs_at_a_time(demo, session_factory):
+    with session_factory() as holder, holder.begin():
+        holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": 0x6770_666C})
+        with session_factory() as other, other.begin():
+            assert replan(other, "test") is None
+
+
+def test_the_desired_state_of_a_cluster_carries_its_placed_deployments(demo, operator, session_factory):
+    operator.post("placement/replan", {})
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        state = desired_state(s, cluster)
+    assert state.generation == cluster.desired_generation >= 1
+    [eu] = state.deployments
+    assert eu.name == "eu-assistant"
+    assert eu.spec.gpus_per_replica == 2
+    assert eu.quota.max >= eu.quota.min >= 1
+    assert eu.pools == ["aws-euc1-h100-od"]
