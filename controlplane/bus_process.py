@@ -57,7 +57,11 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     kv = await ensure_bus(js)
     factory = make_session_factory(make_engine(settings.database_url, pool_size=4))
     loop = asyncio.get_running_loop()
-    sink = DbSink(factory, on_change=lambda r: loop.run_in_executor(None, trigger_replan, r))
+
+    def on_change(reason: str) -> None:  # the broker call blocks: keep it off the loop
+        loop.run_in_executor(None, trigger_replan, reason)
+
+    sink = DbSink(factory, on_change=on_change)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
     published: dict[str, int] = {}
