@@ -37,6 +37,7 @@ from controlplane.placement.result import (
     assemble,
     deployment_output,
     index_current,
+    procurement,
     removed_deployment_changes,
 )
 
@@ -206,7 +207,8 @@ def place(inp: PlacementInput) -> PlacementResult:
         deployment_output(plan, d, current.get(dep.name, {}))
         for d, dep in enumerate(inp.deployments)
     ]
-    return assemble(EngineState(inp, plan, outs, order), _removed(inp, current))
+    state = EngineState(inp, plan, outs, order, buys=procurement(plan))
+    return assemble(state, _removed(inp, current))
 
 
 def replan(previous: PlacementResult, inp: PlacementInput) -> PlacementResult:

@@ -25,6 +25,7 @@ from controlplane.placement.result import (
     Slots,
     assemble,
     deployment_output,
+    procurement,
     removed_deployment_changes,
 )
 
@@ -43,14 +44,23 @@ def _copy_plan(state: EngineState, inp: PlacementInput) -> tuple[Plan, list[int 
                 t._masks[d] = t_old._masks[o]
             if o in t_old._costs:
                 t._costs[d] = t_old._costs[o]
-    plan = Plan(
-        t=t,
-        used=old.used.copy(),
-        alloc=[dict(old.alloc[o]) if o is not None else {} for o in old_of],
-        members=[dict(m) for m in old.members] if same_order else [{} for _ in old.members],
-        kept=[dict(old.alloc[o]) if o is not None else {} for o in old_of],
-    )
-    if not same_order:
+    if same_order:  # share the dicts; Plan copies one on its first write
+        plan = Plan(
+            t=t,
+            used=old.used.copy(),
+            alloc=list(old.alloc),
+            members=list(old.members),
+            kept=list(old.alloc),
+            shared=True,
+        )
+    else:
+        plan = Plan(
+            t=t,
+            used=old.used.copy(),
+            alloc=[dict(old.alloc[o]) if o is not None else {} for o in old_of],
+            members=[{} for _ in old.members],
+            kept=[dict(old.alloc[o]) if o is not None else {} for o in old_of],
+        )
         for d, a in enumerate(plan.alloc):
             for p, n in a.items():
                 plan.members[p][d] = n
@@ -91,6 +101,9 @@ def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResu
         slots = dict(plan.alloc[d])
         for p, n in slots.items():
             plan.remove(d, p, n)
+        if plan.shared:
+            plan.own_deps.add(d)
+            plan.alloc[d] = dict(plan.alloc[d])
         plan.kept[d] = {}
         plan.blocked.pop(d, None)
         plan.displaced.pop(d, None)
@@ -128,16 +141,18 @@ def _outputs(
     plan: Plan, state: EngineState, inp: PlacementInput, old_of: list[int | None]
 ) -> PlacementResult:
     outs = []
+    fresh = []
     for d, o in enumerate(old_of):
         prev = state.outputs[o] if o is not None else None
         if prev is not None and d not in plan.touched:
-            outs.append(prev if not prev.changes else replace(prev, changes=()))
+            outs.append(prev)  # unchanged: contributes no changes (not in `fresh`)
             continue
         cur: Slots = {}
         if prev is not None:
             for a in prev.assignments:
                 cur[(a.cluster, a.pool)] = a.replicas
         outs.append(deployment_output(plan, d, cur))
+        fresh.append(d)
     alive = {o for o in old_of if o is not None}
     removed = tuple(
         c
@@ -149,4 +164,5 @@ def _outputs(
         )
     )
     order = sorted(range(len(inp.deployments)), key=lambda d: (-inp.deployments[d].priority, d))
-    return assemble(EngineState(inp, plan, outs, order), removed)
+    buys = procurement(plan, state.buys, state.plan.used)
+    return assemble(EngineState(inp, plan, outs, order, fresh, buys), removed)

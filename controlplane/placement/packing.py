@@ -33,6 +33,11 @@ class Plan:
     touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
     quota: dict[int, np.ndarray] = field(default_factory=dict)  # replicas per pool, by flow
     reserved: np.ndarray | None = None  # GPUs per pool still promised to quotas
+    # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
+    # previous plan until first written; these sets hold the ones already copied
+    shared: bool = False
+    own_deps: set[int] = field(default_factory=set)
+    own_pools: set[int] = field(default_factory=set)
 
     @classmethod
     def empty(cls, t: Tables) -> Plan:
@@ -48,13 +53,26 @@ class Plan:
     def size(self, d: int) -> int:
         return self.t.inp.deployments[d].gpus_per_replica
 
+    def _own(self, d: int, p: int) -> None:
+        if d not in self.own_deps:
+            self.alloc[d] = dict(self.alloc[d])
+            self.kept[d] = dict(self.kept[d])
+            self.own_deps.add(d)
+        if p not in self.own_pools:
+            self.members[p] = dict(self.members[p])
+            self.own_pools.add(p)
+
     def add(self, d: int, p: int, n: int) -> None:
+        if self.shared:
+            self._own(d, p)
         self.touched.add(d)
         self.alloc[d][p] = self.alloc[d].get(p, 0) + n
         self.members[p][d] = self.members[p].get(d, 0) + n
         self.used[p] += n * self.size(d)
 
     def remove(self, d: int, p: int, n: int) -> None:
+        if self.shared:
+            self._own(d, p)
         self.touched.add(d)
         left = self.alloc[d][p] - n
         if left:

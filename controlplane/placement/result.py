@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -105,38 +106,61 @@ def removed_deployment_changes(name: str, cur: Slots) -> tuple[Change, ...]:
     return _changes(name, cur, {})
 
 
-def procurement(plan: Plan) -> tuple[Procurement, ...]:
-    """GPUs to buy per pool: what the plan uses beyond capacity, in whole instances."""
-    t = plan.t
-    need = plan.used - t.capacity
-    out: list[Procurement] = []
-    for p in np.flatnonzero(need > 0):
-        p = int(p)
-        pool = t.inp.pools[p]
-        gpi = pool.gpus_per_instance
-        gpus = min(math.ceil(int(need[p]) / gpi) * gpi, pool.procurable_gpus)
-        out.append(Procurement(pool.id, gpus, math.ceil(gpus / gpi)))
-    return tuple(out)
+def _buy(plan: Plan, p: int) -> Procurement | None:
+    """GPUs to buy in pool p: what the plan uses beyond capacity, in whole instances."""
+    need = int(plan.used[p] - plan.t.capacity[p])
+    if need <= 0:
+        return None
+    pool = plan.t.inp.pools[p]
+    gpi = pool.gpus_per_instance
+    gpus = min(math.ceil(need / gpi) * gpi, pool.procurable_gpus)
+    return Procurement(pool.id, gpus, math.ceil(gpus / gpi))
+
+
+def procurement(
+    plan: Plan, previous: dict[int, Procurement] | None = None, prev_used: np.ndarray | None = None
+) -> dict[int, Procurement]:
+    """Procurement per pool index; with `previous`, only pools whose usage changed are redone."""
+    if previous is None or prev_used is None:
+        pools = np.flatnonzero(plan.used > plan.t.capacity)
+        out: dict[int, Procurement] = {}
+    else:
+        pools = np.flatnonzero(plan.used != prev_used)
+        out = dict(previous)
+    for p in pools.tolist():
+        buy = _buy(plan, p)
+        if buy is None:
+            out.pop(p, None)
+        else:
+            out[p] = buy
+    return out
 
 
 @dataclass
 class EngineState:
-    """What replan() needs from the previous result; opaque to callers."""
+    """What replan() needs from the previous result; opaque to callers.
+
+    `fresh` lists the deployments whose `outputs[d].changes` are against this result's
+    current placement (None: all); the others did not change and contribute no changes.
+    """
 
     inp: PlacementInput
     plan: Plan
     outputs: list[DeploymentOutput]
     order: list[int]
+    fresh: list[int] | None = None
+    buys: dict[int, Procurement] = field(default_factory=dict)
 
 
 def assemble(state: EngineState, extra_changes: tuple = ()) -> PlacementResult:
     outs = state.outputs
     cost = {d.name: o.cost for d, o in zip(state.inp.deployments, outs, strict=True)}
+    fresh = outs if state.fresh is None else [outs[d] for d in state.fresh]
     return PlacementResult(
-        assignments=tuple(a for o in outs for a in o.assignments),
-        changes=tuple(c for o in outs for c in o.changes) + extra_changes,
-        procurement=procurement(state.plan),
-        unplaced=tuple(u for o in outs for u in o.unplaced),
+        assignments=tuple(chain.from_iterable(o.assignments for o in outs)),
+        changes=tuple(chain.from_iterable(o.changes for o in fresh)) + extra_changes,
+        procurement=tuple(state.buys[p] for p in sorted(state.buys)),
+        unplaced=tuple(chain.from_iterable(o.unplaced for o in outs)),
         cost_per_hour=cost,
         total_cost_per_hour=round(sum(cost.values()), 6),
         objective_per_hour=round(sum(o.objective for o in outs), 6),
