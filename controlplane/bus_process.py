@@ -3,6 +3,7 @@
 Consumes every cluster's heartbeats and facts through the durable consumer into PostgreSQL,
 and publishes each cluster's desired-state snapshot whenever its desired generation moves
 (all of them once at start: PostgreSQL is the source of truth, the KV bucket a copy).
+A cluster nothing was ever placed on (desired generation 0) has no snapshot yet.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def pending_snapshots(
         return [
             desired_state(session, c)
             for c in clusters
-            if published.get(c.name, -1) < max(1, c.desired_generation)
+            if c.desired_generation >= 1 and published.get(c.name, 0) < c.desired_generation
         ]
 
 

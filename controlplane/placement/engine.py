@@ -165,18 +165,19 @@ def _greedy_quotas(cost, sizes, demand, spot, rank, free, is_spot) -> np.ndarray
 def solve(plan: Plan, order: list[int]) -> None:
     """Phases 2-4 on a plan that already holds the kept replicas."""
     deps = plan.t.inp.deployments
-    assign_quotas(plan, order)
-    short: list[int] = []
+    # LP quotas, then a second LP for what rounding and the spread rule left over
+    for last in (False, True):
+        assign_quotas(plan, order)
+        for d in order:
+            missing = deps[d].target_replicas - plan.placed(d)
+            if missing > 0:
+                fill(plan, d, missing, only_quota=not last)
+        plan.quota.clear()
+        plan.reserved = None
     for d in order:
-        missing = deps[d].target_replicas - plan.placed(d)
-        if missing > 0 and fill(plan, d, missing) < missing:
-            short.append(d)
-    for d in short:
         missing = deps[d].target_replicas - plan.placed(d)
         if missing > 0:
             place_hard(plan, d, missing)
-    plan.quota.clear()
-    plan.reserved = None
     rehome_displaced(plan)
     for d in order:
         if plan.alloc[d]:

@@ -88,7 +88,9 @@ def _classes(inp: PlacementInput) -> _Model:
     )
 
 
-def _solve(m: _Model, integer: bool, time_limit: float) -> tuple[float, float, float, float]:
+def _solve(
+    m: _Model, integer: bool, time_limit: float, placed_gpus: float | None = None
+) -> tuple[float, float, float, float]:
     import highspy
 
     n_c, n_p, n_x = len(m.counts), len(m.cap), len(m.pair_pool)
@@ -107,6 +109,12 @@ def _solve(m: _Model, integer: bool, time_limit: float) -> tuple[float, float, f
     rows.append(np.arange(n_c))
     cols.append(n_x + np.arange(n_c))
     vals.append(np.ones(n_c))
+    n_rows = 2 * n_c + n_p
+    if placed_gpus is not None and not integer:  # volume row: placed GPUs >= placed_gpus
+        rows.append(np.full(n_x, n_rows))
+        cols.append(j)
+        vals.append(m.sizes[m.pair_class])
+        n_rows += 1
     r, c, v = (np.concatenate(a) for a in (rows, cols, vals))
     order = np.lexsort((r, c))
     r, c, v = r[order], c[order], v[order]
@@ -114,15 +122,24 @@ def _solve(m: _Model, integer: bool, time_limit: float) -> tuple[float, float, f
     starts = np.searchsorted(c, np.arange(n_cols + 1))
     if integer:
         obj = np.concatenate([np.zeros(n_x), m.sizes])
+    elif placed_gpus is not None:  # min cost of placing at least `placed_gpus` GPUs
+        obj = np.concatenate([m.pair_cost, np.zeros(n_c)])
     else:
         obj = np.concatenate([m.pair_cost, penalty * m.sizes])
     lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n_cols, 2 * n_c + n_p
+    lp.num_col_, lp.num_row_ = n_cols, n_rows
     lp.col_cost_ = obj
     lp.col_lower_ = np.zeros(n_cols)
-    lp.col_upper_ = np.full(n_cols, highspy.kHighsInf)
-    lp.row_lower_ = np.concatenate([m.counts, np.full(n_p + n_c, -highspy.kHighsInf)])
-    lp.row_upper_ = np.concatenate([m.counts, m.cap, m.spot_cap])
+    # a pool holds at most floor(capacity / size) replicas of a class (valid for integers)
+    fits = np.floor(m.cap[m.pair_pool] / m.sizes[m.pair_class])
+    lp.col_upper_ = np.concatenate([fits, np.full(n_c, highspy.kHighsInf)])
+    lower = [m.counts, np.full(n_p + n_c, -highspy.kHighsInf)]
+    upper = [m.counts, m.cap, m.spot_cap]
+    if n_rows > 2 * n_c + n_p:
+        lower.append(np.array([float(placed_gpus or 0.0)]))
+        upper.append(np.array([highspy.kHighsInf]))
+    lp.row_lower_ = np.concatenate(lower)
+    lp.row_upper_ = np.concatenate(upper)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = starts.astype(np.int32)
     lp.a_matrix_.index_ = r.astype(np.int32)
@@ -142,10 +159,17 @@ def _solve(m: _Model, integer: bool, time_limit: float) -> tuple[float, float, f
     return cost, unplaced, float(bound), float(h.getRunTime())
 
 
-def lower_bound(inp: PlacementInput, time_limit: float = 120.0) -> Bound:
-    """LP relaxation: min unplaced GPUs, then min effective cost (see module docstring)."""
+def lower_bound(
+    inp: PlacementInput, time_limit: float = 120.0, placed_gpus: float | None = None
+) -> Bound:
+    """LP relaxation: min unplaced GPUs, then min effective cost (see module docstring).
+
+    With `placed_gpus`: min effective cost of placing at least that many GPUs, a lower
+    bound on the cost of any placement of that volume (compare a placer with the bound at
+    its own placed volume, so that placing less is not mistaken for placing cheaper).
+    """
     m = _classes(inp)
-    cost, unplaced, bound, secs = _solve(m, integer=False, time_limit=time_limit)
+    cost, unplaced, bound, secs = _solve(m, False, time_limit, placed_gpus)
     return Bound(cost, unplaced, bound - 1e-6, secs, len(m.counts), len(m.pair_pool))
 
 

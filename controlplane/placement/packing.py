@@ -158,12 +158,13 @@ def _spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, st
     return np.where(new_p | new_r, cost, INF), "min_distinct_providers"
 
 
-def fill(plan: Plan, d: int, k: int) -> int:
+def fill(plan: Plan, d: int, k: int, only_quota: bool = False) -> int:
     """Place up to k more replicas of d, cheapest pool first; returns how many it placed.
 
     While the deployment spans fewer providers/regions than its policy asks, each replica
     must add one; if none can, it stops (more replicas on the same provider would break
-    the spread rule) and records the binding constraint in plan.blocked.
+    the spread rule) and records the binding constraint in plan.blocked. `only_quota`
+    restricts it to the pools of its class quota.
     """
     t = plan.t
     s = plan.size(d)
@@ -173,6 +174,8 @@ def fill(plan: Plan, d: int, k: int) -> int:
         cost, unmet = _spread_filter(plan, d, cost)
         free = free_for(plan, d)
         quota = plan.quota.get(d)
+        if only_quota:
+            cost = np.where(quota > 0, cost, INF) if quota is not None else cost + INF
         if quota is not None:  # pools the class-level flow reserved for this shape first
             cost = np.where(quota > 0, cost - QUOTA_BONUS, cost)
             if plan.spot_budget(d) > 0:  # spot quota is only usable by members with budget

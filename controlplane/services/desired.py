@@ -48,7 +48,7 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
     total_weight = _total_replicas(session, deployments.values())
     return DesiredState(
         cluster=cluster.name,
-        generation=max(1, cluster.desired_generation),
+        generation=cluster.desired_generation,
         deployments=[
             _deployment_desired(deployments[name], entries, total_weight.get(name, 0))
             for name, entries in sorted(by_deployment.items())

@@ -243,7 +243,7 @@ def _on_create(session: Session, row: Any) -> dict[str, Any] | None:
     if isinstance(row, m.Cluster):
         creds = generate_cluster_credentials(row.name)
         row.nats_user, row.nats_password_hash = creds.user, hash_password(creds.password)
-        return {"nats_credentials": {"user": creds.user, "password": creds.password}}
+        return {"nats_credentials": creds.model_dump()}
     return None
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
@@ -30,17 +31,23 @@ KEY_NAMESPACE = uuid.UUID("5f3c2b9e-8d0a-4c1e-9a57-6b7f0e2d4c31")
 PLAN_LOCK = 0x6770_7566_6C74  # pg advisory lock: one procurement plan at a time
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Knobs of the decision; `procurement_tasks.ProcurementSettings` reads them from env."""
+class Policy(BaseSettings):
+    """Procurement knobs, from `GPUFLEET_PROCUREMENT_*` environment variables."""
 
-    exhausted_cooldown_s: float = 300.0
-    quota_cooldown_s: float = 1800.0
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_PROCUREMENT_", frozen=True,
+                                      extra="ignore")  # fmt: skip
+    exhausted_cooldown_s: float = 300.0  # InsufficientCapacity: no new instances for this long
+    quota_cooldown_s: float = 1800.0  # QuotaExceeded / InvalidRequest: no new tries for this long
     default_scale_down_delay_s: float = 300.0
     unhealthy_drain_s: float = 120.0
     default_notice_s: float = 120.0
     outage_share: float = 0.5  # more than this share of a pool unhealthy at once = outage
     outage_min_instances: int = 2  # ... and at least this many (one bad node is not an outage)
+    max_retries: int = 6  # Throttled: Celery retries with backoff, then the sweep resumes
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    stale_request_s: float = 300.0  # a `requested` row this old is resumed by the sweep
+    gone_grace_s: float = 60.0  # an instance missing from list_instances this long is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +58,7 @@ class PoolView:
     limit_gpus: int | None  # quota (on-demand/spot) or commitment (reserved); None = no limit
     scale_down_delay_s: float
     cluster_id: str | None = None
-    blocked: str | None = None  # "exhausted" | "quota_exceeded" | "outage": no new instances
+    blocked: str | None = None  # exhausted | quota_exceeded | failing | outage: none new
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +234,11 @@ def blocked_reason(pool: Pool, now: datetime) -> str | None:
     status = pool.status or {}
     if status.get("outage"):
         return "outage"
-    for reason, key in (("exhausted", "exhausted_until"), ("quota_exceeded", "quota_until")):
+    for reason, key in (
+        ("exhausted", "exhausted_until"),
+        ("quota_exceeded", "quota_until"),
+        ("failing", "failing_until"),
+    ):
         until = status.get(key)
         if until and datetime.fromisoformat(until) > now:
             return reason
@@ -236,8 +247,9 @@ def blocked_reason(pool: Pool, now: datetime) -> str | None:
 
 def pool_capacity(session: Session, now: datetime) -> dict[str, tuple[int, int]]:
     """pool id -> (capacity_gpus, procurable_gpus) for `controlplane.placement.Pool`:
-    GPUs of instances held and not draining, and what may still be bought (0 while the
-    pool is exhausted, over quota or in an outage; reserved: the commitment not launched)."""
+    GPUs of instances held and not draining, and what may still be bought: quota (reserved:
+    commitment; neither set: the pool's `gpus`) minus held, 0 while the pool is exhausted,
+    over quota or in an outage."""
     held = dict(
         session.execute(
             select(Instance.pool_id, func.sum(Instance.gpus))
@@ -250,7 +262,7 @@ def pool_capacity(session: Session, now: datetime) -> dict[str, tuple[int, int]]
         have = int(held.get(pool.id) or 0)
         reserved = pool.purchase_type == "reserved"
         limit = pool.committed_gpus if reserved else pool.quota_gpus
-        room = (limit - have) if limit is not None else (0 if reserved else 1 << 30)
+        room = (limit if limit is not None else pool.gpus) - have
         out[pool.id] = (have, 0 if blocked_reason(pool, now) else max(0, room))
     return out
 
@@ -328,3 +340,75 @@ def event(session: Session, type_: str, obj: Instance | Pool, message: str, **da
     name = obj.name if isinstance(obj, Pool) else obj.provider_instance_id
     session.add(Event(type=type_, object_kind=kind, object_id=obj.id, object_name=name,
                       message=message, data=data))  # fmt: skip
+
+
+# -- facts (caller's transaction; each returns True when a re-plan should run) ------------
+
+
+def find_instance(session: Session, ref: str) -> Instance | None:
+    """By provider instance id (what agents and providers know) or by our own id."""
+    found = session.scalars(
+        select(Instance).where(Instance.provider_instance_id == ref).with_for_update()
+    ).first()
+    return found or session.get(Instance, ref, with_for_update=True)
+
+
+def note_interruption(
+    session: Session, ref: str, deadline: datetime | None, now: datetime, source: str,
+    policy: Policy | None = None,
+) -> bool:  # fmt: skip
+    """A spot notice: the instance drains (placement no longer counts it) until `deadline`."""
+    inst = find_instance(session, ref)
+    if inst is None or inst.state not in ACTIVE:
+        return False
+    pool = session.get_one(Pool, inst.pool_id)
+    notice = pool.notice_seconds or (policy or Policy()).default_notice_s
+    until = deadline or now + timedelta(seconds=notice)
+    inst.state, inst.drain_deadline = "draining", until
+    event(session, "InstanceDraining", inst,
+          f"instance {inst.provider_instance_id} in pool {pool.name} will be taken back at "
+          f"{until.isoformat()} (spot interruption, from {source}); "
+          "replicas move off it and a replacement is planned",
+          reason="spot_interruption", source=source, pool=pool.name,
+          deadline=until.isoformat())  # fmt: skip
+    return True
+
+
+def note_unhealthy(
+    session: Session, ref: str, reason: str, now: datetime, policy: Policy | None = None
+) -> bool:
+    """A bad node: cordoned and drained, then replaced; too many bad nodes in one pool at
+    once is a provider outage: the pool gets no replacements until an operator looks."""
+    policy = policy or Policy()
+    inst = find_instance(session, ref)
+    if inst is None or inst.health == "unhealthy" or inst.state not in (*ACTIVE, "draining"):
+        return False
+    pool = session.get_one(Pool, inst.pool_id, with_for_update=True)
+    inst.health = "unhealthy"
+    if inst.state in ACTIVE:
+        inst.state = "draining"
+        inst.drain_deadline = now + timedelta(seconds=policy.unhealthy_drain_s)
+    event(session, "InstanceCordoned", inst,
+          f"instance {inst.provider_instance_id} in pool {pool.name} is unhealthy ({reason}); "
+          "cordoned, drained and replaced", reason=reason, pool=pool.name)  # fmt: skip
+    states = ("running", "draining")
+    members = list(session.scalars(
+        select(Instance).where(Instance.pool_id == pool.id, Instance.state.in_(states))))  # fmt: skip
+    bad = sum(1 for m in members if m.health == "unhealthy")
+    share = bad / len(members) if members else 0.0
+    outage = bad >= policy.outage_min_instances and share > policy.outage_share
+    if outage and not (pool.status or {}).get("outage"):
+        why = (f"{bad} of {len(members)} instances unhealthy at once (more than "
+               f"{policy.outage_share:.0%}): a provider outage, not a bad node")  # fmt: skip
+        update_status(pool, outage={"since": now.isoformat(), "message": why})
+        event(session, "PoolOutageSuspected", pool,
+              f"pool {pool.name}: {why}; automatic replacement stopped. Clear "
+              "status.outage (procurement.clear_outage) once the provider recovers",
+              unhealthy=bad, instances=len(members))  # fmt: skip
+    return True
+
+
+def clear_outage(session: Session, pool_id: str) -> None:
+    pool = session.get_one(Pool, pool_id, with_for_update=True)
+    update_status(pool, outage=None)
+    event(session, "PoolOutageCleared", pool, f"pool {pool.name}: outage cleared")

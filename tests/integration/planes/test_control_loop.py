@@ -1,0 +1,137 @@
+"""Both planes on real PostgreSQL and NATS: a placement reaches a cluster's agent, the agent's
+reports land in the database, and silence marks the cluster stale, then down.
+
+The control plane's bus side (`run_bus`) and an agent (memory runtime) run in this process;
+NATS runs with the authorization config that `gpufleet up` uses (per-cluster users).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from controlplane.bus import (
+    generate_controlplane_credentials,
+    render_server_config,
+    write_server_config,
+)
+from controlplane.bus_process import run_bus
+from controlplane.contracts import NatsCredentials
+from controlplane.db import models as m
+from controlplane.local.nats import NatsServer, free_port
+from controlplane.services.clusters import update_liveness
+from controlplane.services.placement import replan
+from controlplane.settings import Settings
+from tests.integration.api import builders as b
+from tests.integration.bus.conftest import eventually
+from workloadplane.agent import run_agent
+from workloadplane.runtime.memory import InMemoryRuntime
+
+
+@pytest.fixture
+def fleet(admin, session_factory) -> dict[str, str]:
+    """One provider/region/pool, a cluster (its NATS password is shown once) and a deployment."""
+    for path, body in (("providers", b.provider()), ("regions", b.region()), ("gpu-types", b.gpu_type()),
+                       ("pools", b.pool())):  # fmt: skip
+        assert admin.post(path, body).status_code == 201
+    cluster = admin.post("clusters", b.cluster()).json()
+    assert (
+        admin.post(
+            "deployments", b.deployment(autoscaling={"min_replicas": 2, "max_replicas": 4})
+        ).status_code
+        == 201
+    )
+    return cluster["nats_credentials"]
+
+
+async def test_desired_state_flows_down_and_reports_flow_up(
+    fleet, session_factory, database_url, tmp_path: Path, monkeypatch
+):
+    controlplane = generate_controlplane_credentials()
+    with session_factory() as s:
+        row = s.scalars(select(m.Cluster)).one()
+        users = {row.name: NatsCredentials(user=row.nats_user, password=row.nats_password_hash)}
+    port = free_port()
+    config = write_server_config(tmp_path / "nats.conf", render_server_config(
+        controlplane=controlplane, clusters=users, store_dir=tmp_path / "js", port=port))  # fmt: skip
+    server = NatsServer(store_dir=tmp_path / "js", port=port, config_file=config).start()
+    monkeypatch.setenv("GPUFLEET_NATS_USER", controlplane.user)
+    monkeypatch.setenv("GPUFLEET_NATS_PASSWORD", controlplane.password)
+    monkeypatch.setattr("controlplane.bus_process.trigger_replan", lambda reason: None)
+    stop_bus, stop_agent = asyncio.Event(), asyncio.Event()
+    settings = Settings(database_url=database_url, nats_url=server.url)
+    runtime = InMemoryRuntime()
+    creds = NatsCredentials.model_validate(fleet)  # exactly what the API showed once
+    tasks = []
+    try:
+        tasks.append(asyncio.create_task(run_bus(settings, stop_bus, poll_s=0.05)))
+        tasks.append(asyncio.create_task(run_agent(
+            "use1-a", server.url, creds, tmp_path / "agent", runtime,
+            heartbeat_interval=0.2, reconcile_interval=0.1, stop=stop_agent, fsync=False)))  # fmt: skip
+
+        await eventually(
+            lambda: _cluster(session_factory).state == "healthy", 15, "first heartbeat"
+        )
+        with session_factory() as s, s.begin():
+            assert replan(s, "test") is not None
+        generation = _cluster(session_factory).desired_generation
+        assert generation >= 1
+
+        await eventually(lambda: _cluster(session_factory).observed_generation >= generation, 15,
+                         "the agent to apply the placement")  # fmt: skip
+        await eventually(lambda: len(_replicas(session_factory)) == 2, 15, "two replicas reported")
+        with session_factory() as s:
+            facts = {
+                e.type for e in s.scalars(select(m.Event).where(m.Event.object_name == "use1-a"))
+            }
+        assert "DesiredStateApplied" in facts
+        assert {r.state for r in _replicas(session_factory)} == {"ready"}
+    finally:
+        stop_agent.set()
+        stop_bus.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        server.stop()
+
+    last = _cluster(session_factory).last_heartbeat_at
+    assert last is not None
+    for seconds, expected in ((5, "healthy"), (20, "stale"), (90, "down")):
+        with session_factory() as s, s.begin():
+            update_liveness(
+                s, last + timedelta(seconds=seconds), timedelta(seconds=15), timedelta(seconds=60)
+            )
+        assert _cluster(session_factory).state == expected
+    with session_factory() as s:
+        kinds = [
+            e.type
+            for e in s.scalars(
+                select(m.Event)
+                .where(m.Event.type.in_(["ClusterStale", "ClusterDown"]))
+                .order_by(m.Event.time)
+            )
+        ]
+    assert kinds == ["ClusterStale", "ClusterDown"]
+
+
+def _cluster(factory) -> m.Cluster:
+    with factory() as s:
+        return s.scalars(select(m.Cluster)).one()
+
+
+def _replicas(factory) -> list[m.Replica]:
+    with factory() as s:
+        return list(s.scalars(select(m.Replica)))
+
+
+def test_silent_pending_clusters_are_not_declared_down(admin, session_factory):
+    b.seed(admin)
+    with session_factory() as s, s.begin():
+        s.execute(update(m.Cluster).values(state="pending"))
+        from datetime import UTC, datetime
+
+        assert (
+            update_liveness(s, datetime.now(UTC), timedelta(seconds=1), timedelta(seconds=2)) == []
+        )
