@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement import transport
+from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement.flow import MAX_CLASSES, ClassFlow
 from controlplane.placement.incremental import replan_deployments
 from controlplane.placement.model import Assignment, PlacementInput, PlacementResult
@@ -184,6 +184,21 @@ def solve(plan: Plan, order: list[int]) -> None:
             enforce_spot(plan, d)
             enforce_spread(plan, d)
     improve(plan, order)
+    top_up(plan, order)
+
+
+def top_up(plan: Plan, order: list[int]) -> None:
+    """Last chance for short deployments on the room left after improve and enforcement.
+
+    Leaves nothing a re-plan of the same input could still add, so that an unchanged
+    input moves nothing and adds nothing.
+    """
+    deps = plan.t.inp.deployments
+    for d in order:
+        missing = deps[d].target_replicas - plan.placed(d)
+        if missing > 0 and fill(plan, d, missing):
+            enforce_spot(plan, d)
+            enforce_spread(plan, d)
 
 
 def _removed(inp: PlacementInput, current: dict[str, Slots]) -> tuple:

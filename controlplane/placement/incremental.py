@@ -115,6 +115,10 @@ def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResu
         if surplus > 0:
             drop_most_expensive(plan, d, surplus)
     _settle(plan, changed, state, old_of)
+    plan.touched.update(changed)  # a new target needs a new explanation even if nothing moved
+    plan.touched.update(
+        d for d, o in enumerate(old_of) if o is not None and state.outputs[o].unplaced
+    )
     return _outputs(plan, state, inp, old_of)
 
 
