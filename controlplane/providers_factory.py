@@ -55,8 +55,9 @@ def provider_config(row: ProviderRow, data_dir: Path) -> dict[str, Any]:
             "write a JSON object of adapter settings"
         ) from exc
     if not isinstance(config, dict):
-        raise InvalidRequest(f"provider {row.name!r}: the configuration at {ref!r} must be "
-                             "a JSON object")  # fmt: skip
+        raise InvalidRequest(
+            f"provider {row.name!r}: the configuration at {ref!r} must be a JSON object"
+        )
     if row.kind == "local":
         config.setdefault("state_path", str(data_dir / "providers" / f"{row.name}.json"))
     return config
@@ -90,8 +91,10 @@ def pool_ref(pool: Pool) -> PoolRef:
     if instance_type is None and pool.provider.kind == "local":
         instance_type = f"local-{pool.gpus_per_instance}gpu"
     if instance_type is None:
-        raise InvalidRequest(f"pool {pool.name!r} has no instance_type; set it to the "
-                             "provider's instance type for this GPU shape")  # fmt: skip
+        raise InvalidRequest(
+            f"pool {pool.name!r} has no instance_type; set it to the "
+            "provider's instance type for this GPU shape"
+        )
     return PoolRef(
         name=pool.name,
         region=pool.region.code,

@@ -30,6 +30,9 @@ celery_app.conf.update(
     broker_connection_retry_on_startup=True,
     beat_schedule={
         "check-clusters": {"task": "gpufleet.check_clusters", "schedule": 5.0},
+        "poll-interruptions": {"task": "gpufleet.poll_interruptions", "schedule": 1.0},
+        "reconcile-instances": {"task": "gpufleet.reconcile_instances", "schedule": 30.0},
+        "refresh-offers": {"task": "gpufleet.refresh_offers", "schedule": 300.0},
         "replan": {"task": "gpufleet.replan", "schedule": 30.0, "kwargs": {"reason": "timer"}},
     },
 )
@@ -74,3 +77,6 @@ def replan(reason: str = "timer") -> dict[str, object] | None:
         return None
     log.info("re-planned (%s): total $%s/h", reason, info["total_cost_per_hour"])
     return {"total_cost_per_hour": info["total_cost_per_hour"], "changes": len(info["changes"])}
+
+
+from controlplane import procurement_tasks  # noqa: E402, F401  (registers acquire/release/sweeps)

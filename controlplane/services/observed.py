@@ -18,12 +18,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.contracts import (
     DesiredStateApplied,
     Fact,
+    NodeUnhealthy,
     ObservedState,
     ReplicaFailed,
     ReplicaStarted,
+    SpotInterruptionNoticed,
 )
 from controlplane.db.models import Cluster, Deployment, Event, Replica
 from controlplane.db.session import transaction
+from controlplane.services import procurement
 
 log = logging.getLogger("gpufleet.observed")
 Hook = Callable[[str], None]
@@ -78,6 +81,14 @@ class DbSink:
                 cluster.observed_generation = max(cluster.observed_generation, fact.generation)
             if isinstance(fact, ReplicaStarted | ReplicaFailed):
                 _upsert_replica(session, cluster, fact.replica.model_dump())
+            if isinstance(fact, SpotInterruptionNoticed):
+                procurement.note_interruption(
+                    session, fact.instance_id, fact.deadline, received_at, f"agent {name}"
+                )
+            if isinstance(fact, NodeUnhealthy):
+                procurement.note_unhealthy(
+                    session, fact.instance_id, fact.reason or "reported by the agent", received_at
+                )
             if fact.type in ("spot_interruption_noticed", "node_unhealthy", "capacity_exhausted"):
                 return fact.type
             return None

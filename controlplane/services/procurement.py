@@ -34,8 +34,9 @@ PLAN_LOCK = 0x6770_7566_6C74  # pg advisory lock: one procurement plan at a time
 class Policy(BaseSettings):
     """Procurement knobs, from `GPUFLEET_PROCUREMENT_*` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="GPUFLEET_PROCUREMENT_", frozen=True,
-                                      extra="ignore")  # fmt: skip
+    model_config = SettingsConfigDict(
+        env_prefix="GPUFLEET_PROCUREMENT_", frozen=True, extra="ignore"
+    )
     exhausted_cooldown_s: float = 300.0  # InsufficientCapacity: no new instances for this long
     quota_cooldown_s: float = 1800.0  # QuotaExceeded / InvalidRequest: no new tries for this long
     default_scale_down_delay_s: float = 300.0
@@ -180,13 +181,16 @@ def instance_key(request_id: str, index: int) -> str:
 def plan_procurement(
     session: Session, wanted: Mapping[str, int], now: datetime, policy: Policy | None = None
 ) -> list[Action]:
-    """Decide and record: `requested` rows for every Acquire (keys from its request id),
+    """`wanted`: GPUs the placement uses per pool (id or name), every pool (missing = 0).
+    Decide and record: `requested` rows for every Acquire (keys from its request id),
     idle clocks started or stopped, `held_gpus` / `idle_reserved_gpus` in pool status.
     Dispatch the returned actions *after* the transaction commits
     (`procurement_tasks.dispatch(actions)`)."""
     policy = policy or Policy()
     session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PLAN_LOCK})
     pools = list(session.scalars(select(Pool)))
+    ids = {p.name: p.id for p in pools}  # placement names pools by name: accept both
+    wanted = {ids.get(key, key): gpus for key, gpus in wanted.items()}
     rows = list(session.scalars(select(Instance).where(Instance.state.in_(HELD))))
     busy = set(session.scalars(select(Replica.instance_id).where(Replica.instance_id.is_not(None))))
     views = [pool_view(session, p, now, policy) for p in pools]
@@ -199,16 +203,25 @@ def plan_procurement(
     gpi = {p.id: p.gpus_per_instance for p in pools}
     for action in decision.actions:
         if isinstance(action, Acquire):
-            add_requested(session, action.pool_id, action.cluster_id, action.request_id,
-                          action.count, gpi[action.pool_id])  # fmt: skip
+            add_requested(
+                session,
+                action.pool_id,
+                action.cluster_id,
+                action.request_id,
+                action.count,
+                gpi[action.pool_id],
+            )
     held: dict[str, int] = defaultdict(int)
     for row in rows:
         if row.state in ACTIVE:
             held[row.pool_id] += row.gpus
     for pool in pools:
-        update_status(pool, held_gpus=held[pool.id],
-                      idle_reserved_gpus=decision.idle_reserved_gpus.get(pool.id),
-                      blocked=decision.blocked.get(pool.id))  # fmt: skip
+        update_status(
+            pool,
+            held_gpus=held[pool.id],
+            idle_reserved_gpus=decision.idle_reserved_gpus.get(pool.id),
+            blocked=decision.blocked.get(pool.id),
+        )
     return list(decision.actions)
 
 
@@ -226,8 +239,17 @@ def pool_view(session: Session, pool: Pool, now: datetime, policy: Policy) -> Po
 
 
 def instance_view(row: Instance, busy: bool = False) -> InstanceView:
-    return InstanceView(row.id, row.pool_id, row.state, row.health, row.gpus, row.created_at,
-                        row.idle_since, row.drain_deadline, busy)  # fmt: skip
+    return InstanceView(
+        row.id,
+        row.pool_id,
+        row.state,
+        row.health,
+        row.gpus,
+        row.created_at,
+        row.idle_since,
+        row.drain_deadline,
+        busy,
+    )
 
 
 def blocked_reason(pool: Pool, now: datetime) -> str | None:
@@ -312,12 +334,19 @@ def add_requested(
 ) -> list[Instance]:
     """The `requested` rows of one acquire request (created once; existing ones returned)."""
     keys = [instance_key(request_id, i) for i in range(count)]
-    existing = {r.idempotency_key: r for r in
-                session.scalars(select(Instance).where(Instance.idempotency_key.in_(keys)))}  # fmt: skip
+    existing = {
+        r.idempotency_key: r
+        for r in session.scalars(select(Instance).where(Instance.idempotency_key.in_(keys)))
+    }
     for key in keys:
         if key not in existing:
-            existing[key] = Instance(pool_id=pool_id, cluster_id=cluster_id, idempotency_key=key,
-                                     gpus=gpus, state="requested")  # fmt: skip
+            existing[key] = Instance(
+                pool_id=pool_id,
+                cluster_id=cluster_id,
+                idempotency_key=key,
+                gpus=gpus,
+                state="requested",
+            )
             session.add(existing[key])
     session.flush()
     return [existing[k] for k in keys]
@@ -338,8 +367,16 @@ def update_status(pool: Pool, **values: Any) -> None:
 def event(session: Session, type_: str, obj: Instance | Pool, message: str, **data: Any) -> None:
     kind = "Pool" if isinstance(obj, Pool) else "Instance"
     name = obj.name if isinstance(obj, Pool) else obj.provider_instance_id
-    session.add(Event(type=type_, object_kind=kind, object_id=obj.id, object_name=name,
-                      message=message, data=data))  # fmt: skip
+    session.add(
+        Event(
+            type=type_,
+            object_kind=kind,
+            object_id=obj.id,
+            object_name=name,
+            message=message,
+            data=data,
+        )
+    )
 
 
 # -- facts (caller's transaction; each returns True when a re-plan should run) ------------
@@ -354,9 +391,13 @@ def find_instance(session: Session, ref: str) -> Instance | None:
 
 
 def note_interruption(
-    session: Session, ref: str, deadline: datetime | None, now: datetime, source: str,
+    session: Session,
+    ref: str,
+    deadline: datetime | None,
+    now: datetime,
+    source: str,
     policy: Policy | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """A spot notice: the instance drains (placement no longer counts it) until `deadline`."""
     inst = find_instance(session, ref)
     if inst is None or inst.state not in ACTIVE:
@@ -365,12 +406,18 @@ def note_interruption(
     notice = pool.notice_seconds or (policy or Policy()).default_notice_s
     until = deadline or now + timedelta(seconds=notice)
     inst.state, inst.drain_deadline = "draining", until
-    event(session, "InstanceDraining", inst,
-          f"instance {inst.provider_instance_id} in pool {pool.name} will be taken back at "
-          f"{until.isoformat()} (spot interruption, from {source}); "
-          "replicas move off it and a replacement is planned",
-          reason="spot_interruption", source=source, pool=pool.name,
-          deadline=until.isoformat())  # fmt: skip
+    event(
+        session,
+        "InstanceDraining",
+        inst,
+        f"instance {inst.provider_instance_id} in pool {pool.name} will be taken back at "
+        f"{until.isoformat()} (spot interruption, from {source}); "
+        "replicas move off it and a replacement is planned",
+        reason="spot_interruption",
+        source=source,
+        pool=pool.name,
+        deadline=until.isoformat(),
+    )
     return True
 
 
@@ -388,23 +435,39 @@ def note_unhealthy(
     if inst.state in ACTIVE:
         inst.state = "draining"
         inst.drain_deadline = now + timedelta(seconds=policy.unhealthy_drain_s)
-    event(session, "InstanceCordoned", inst,
-          f"instance {inst.provider_instance_id} in pool {pool.name} is unhealthy ({reason}); "
-          "cordoned, drained and replaced", reason=reason, pool=pool.name)  # fmt: skip
+    event(
+        session,
+        "InstanceCordoned",
+        inst,
+        f"instance {inst.provider_instance_id} in pool {pool.name} is unhealthy ({reason}); "
+        "cordoned, drained and replaced",
+        reason=reason,
+        pool=pool.name,
+    )
     states = ("running", "draining")
-    members = list(session.scalars(
-        select(Instance).where(Instance.pool_id == pool.id, Instance.state.in_(states))))  # fmt: skip
+    members = list(
+        session.scalars(
+            select(Instance).where(Instance.pool_id == pool.id, Instance.state.in_(states))
+        )
+    )
     bad = sum(1 for m in members if m.health == "unhealthy")
     share = bad / len(members) if members else 0.0
     outage = bad >= policy.outage_min_instances and share > policy.outage_share
     if outage and not (pool.status or {}).get("outage"):
-        why = (f"{bad} of {len(members)} instances unhealthy at once (more than "
-               f"{policy.outage_share:.0%}): a provider outage, not a bad node")  # fmt: skip
+        why = (
+            f"{bad} of {len(members)} instances unhealthy at once (more than "
+            f"{policy.outage_share:.0%}): a provider outage, not a bad node"
+        )
         update_status(pool, outage={"since": now.isoformat(), "message": why})
-        event(session, "PoolOutageSuspected", pool,
-              f"pool {pool.name}: {why}; automatic replacement stopped. Clear "
-              "status.outage (procurement.clear_outage) once the provider recovers",
-              unhealthy=bad, instances=len(members))  # fmt: skip
+        event(
+            session,
+            "PoolOutageSuspected",
+            pool,
+            f"pool {pool.name}: {why}; automatic replacement stopped. Clear "
+            "status.outage (procurement.clear_outage) once the provider recovers",
+            unhealthy=bad,
+            instances=len(members),
+        )
     return True
 
 
