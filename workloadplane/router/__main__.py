@@ -1,0 +1,3 @@
+from workloadplane.router.server import main
+
+main()

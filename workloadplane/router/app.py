@@ -1,0 +1,405 @@
+"""The router's ASGI app: OpenAI-compatible routes in front of a plane's replicas.
+
+Raw ASGI (no framework) because every microsecond here is added latency. Per request: read
+the body, parse only ``model``, ``stream``, ``stream_options``, the prompt prefix and the
+adapter; authenticate and pick a tier; take a replica slot (queueing if needed); forward the
+body untouched; stream the response back as it arrives. Nothing of a prompt or completion
+is ever logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from workloadplane.router import errors
+from workloadplane.router.core import (
+    Backend,
+    DeploymentEntry,
+    NoCapacityError,
+    QueueFullError,
+    QueueTimeoutError,
+    Router,
+    Ticket,
+)
+from workloadplane.router.metrics import RouterMetrics, relabel_vllm, render_families
+from workloadplane.router.upstream import Response, UpstreamError
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+INFERENCE_PATHS = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
+_DROP_REQUEST = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
+                 b"authorization", b"te", b"upgrade", b"expect", b"x-priority"}  # fmt: skip
+_DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server",
+                  b"x-request-id"}  # fmt: skip
+_TIERS = {"high": 0, "normal": 1, "low": 2}
+_USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
+_RETRYABLE_STATUS = {502, 503, 504}
+
+
+class _Retry(Exception):
+    pass
+
+
+class RouterApp:
+    def __init__(self, router: Router, metrics: RouterMetrics | None = None) -> None:
+        self.router = router
+        self.metrics = metrics or RouterMetrics()
+        self.config = router.config
+        router.on_eject = self._ejected
+
+    def _ejected(self, backend: Backend, reason: str) -> None:
+        self.metrics.ejections.labels(backend.deployment, backend.replica_id).inc()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].encode() if isinstance(scope["path"], str) else scope["path"]
+        method = scope["method"]
+        if method == "POST" and path in INFERENCE_PATHS:
+            await self.inference(scope, receive, send, path)
+        elif method == "GET" and path == b"/v1/models":
+            await self.models(scope, send)
+        elif method == "GET" and path == b"/metrics":
+            await self.scrape(send)
+        elif method == "GET" and path == b"/health":
+            await _respond(send, 200, b"", b"text/plain")
+        else:
+            await _respond(send, 404, errors.error_body(
+                f"no route {method} {path.decode()}: use /v1/chat/completions, "
+                "/v1/completions, /v1/embeddings or /v1/models", "invalid_request_error",
+                "not_found"))  # fmt: skip
+
+    # --- inference ------------------------------------------------------------------------
+    async def inference(self, scope: Scope, receive: Receive, send: Send, path: bytes) -> None:
+        arrived = time.perf_counter()
+        body = await _read_body(receive)
+        headers = scope["headers"]
+        request_id, auth, priority = b"", b"", b""
+        fwd: list[tuple[bytes, bytes]] = []
+        for name, value in headers:
+            if name == b"x-request-id":
+                request_id = value
+            elif name == b"authorization":
+                auth = value
+            elif name == b"x-priority":
+                priority = value
+            if name not in _DROP_REQUEST:
+                fwd.append((name, value))
+        if not request_id:
+            request_id = uuid.uuid4().hex.encode()
+            fwd.append((b"x-request-id", request_id))
+        rid_header = (b"x-request-id", request_id)
+
+        async def fail(status: int, type_: str, message: str, code: str | None = None,
+                       deployment: str = "", extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:  # fmt: skip
+            self.metrics.requests.labels(deployment, str(status)).inc()
+            await _respond(send, status, errors.error_body(message, type_, code),
+                           extra=(rid_header, *extra))  # fmt: skip
+
+        tier, best = self.config.default_tier, 0
+        if self.config.api_keys:
+            key = auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
+            known = self.config.api_keys.get(key)
+            if known is None:
+                await fail(*errors.UNAUTHORIZED, "invalid API key: send 'Authorization: Bearer "
+                           "<key>' with a key this plane knows", "invalid_api_key")  # fmt: skip
+                return
+            tier = best = known
+        if priority:
+            asked = _parse_tier(priority)
+            if asked is not None:
+                tier = max(asked, best)  # a header may lower a key's tier, never raise it
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            await fail(*errors.BAD_REQUEST, f"the body is not valid JSON ({exc}): send a JSON "
+                       "object with at least 'model'", "invalid_json")  # fmt: skip
+            return
+        model = payload.get("model") if isinstance(payload, dict) else None
+        if not isinstance(model, str):
+            await fail(*errors.BAD_REQUEST, "'model' is missing or not a string: name one of "
+                       "GET /v1/models", "missing_model")  # fmt: skip
+            return
+        entry = self.router.resolve(model)
+        if entry is None:
+            known = ", ".join(m for m, _ in self.router.model_ids()) or "none"
+            await fail(*errors.NOT_FOUND, f"the model `{model}` does not exist on this plane; "
+                       f"models: {known}", "model_not_found")  # fmt: skip
+            return
+        stream = payload.get("stream") is True
+        ticket = Ticket(
+            tier=min(max(tier, 0), self.config.tiers - 1),
+            affinity_key=self._affinity_key(model, payload),
+            adapter=model if model != entry.name else None,
+        )
+        dep = entry.name
+        self.metrics.request_bytes.labels(dep).observe(len(body))
+        try:
+            await self._forward(entry, ticket, path, fwd, body, stream, send, receive,
+                                rid_header, arrived)  # fmt: skip
+        except QueueFullError as exc:
+            await fail(*errors.QUEUE_FULL, f"deployment {dep} has {len(entry.queue)} requests "
+                       "waiting, the most it holds: retry after the Retry-After seconds",
+                       "queue_full", dep, ((b"retry-after", str(exc.retry_after).encode()),))  # fmt: skip
+        except QueueTimeoutError:
+            await fail(*errors.QUEUE_TIMEOUT, f"no replica of {dep} was free within "
+                       f"{self.config.queue_max_wait_s:g}s: retry, or raise the deployment's "
+                       "replicas", "queue_timeout", dep)  # fmt: skip
+        except NoCapacityError:
+            await fail(*errors.NO_CAPACITY, f"deployment {dep} has no replicas and may not "
+                       "start any (its quota max is 0): ask for quota", "no_capacity", dep)  # fmt: skip
+        except _ClientGone:
+            self.metrics.requests.labels(dep, "499").inc()
+        except UpstreamError as exc:
+            await fail(*errors.BAD_GATEWAY, f"every replica tried failed: {exc}",
+                       "upstream_failed", dep)  # fmt: skip
+
+    def _affinity_key(self, model: str, payload: dict[str, Any]) -> str | None:
+        limit = self.config.prefix_chars
+        text = ""
+        messages = payload.get("messages")
+        if isinstance(messages, list):
+            parts: list[str] = []
+            size = 0
+            for m in messages:
+                content = m.get("content") if isinstance(m, dict) else None
+                piece = content if isinstance(content, str) else json.dumps(content)
+                parts.append(piece)
+                size += len(piece)
+                if size >= limit:
+                    break
+            text = "\x1f".join(parts)
+        else:
+            prompt = payload.get("prompt")
+            if isinstance(prompt, list) and prompt:
+                prompt = prompt[0]
+            text = prompt if isinstance(prompt, str) else ""
+        if len(text) < self.config.prefix_min_chars:
+            return None
+        return f"{model}\x1e{text[:limit]}"
+
+    async def _forward(self, entry: DeploymentEntry, ticket: Ticket, path: bytes,
+                       fwd: list[tuple[bytes, bytes]], body: bytes, stream: bool, send: Send,
+                       receive: Receive, rid_header: tuple[bytes, bytes], arrived: float) -> None:  # fmt: skip
+        router = self.router
+        dep = entry.name
+        gone: asyncio.Future[Any] | None = None
+        last_error: UpstreamError | None = None
+        try:
+            for attempt in range(self.config.max_attempts):
+                backend, gone = await self._acquire(entry, ticket, receive, gone, attempt > 0)
+                try:
+                    resp = await self._exchange(backend, ticket, path, fwd, body, stream)
+                except UpstreamError as exc:
+                    last_error = exc
+                    router.eject(backend, str(exc))
+                    router.release(backend, ticket)
+                    self.metrics.retries.labels(dep, "before_first_byte").inc()
+                    continue
+                if resp.status in _RETRYABLE_STATUS and attempt + 1 < self.config.max_attempts:
+                    _discard(resp)
+                    router.eject(backend, f"answered {resp.status}")
+                    router.release(backend, ticket)
+                    self.metrics.retries.labels(dep, f"status_{resp.status}").inc()
+                    continue
+                ticket.started = True
+                try:
+                    await self._relay(resp, dep, stream, send, receive, rid_header, arrived, gone)
+                finally:
+                    router.release(backend, ticket)
+                return
+            assert last_error is not None
+            raise last_error
+        finally:
+            if gone is not None and not gone.done():
+                gone.cancel()
+
+    async def _acquire(self, entry: DeploymentEntry, ticket: Ticket, receive: Receive,
+                       gone: asyncio.Future[Any] | None,
+                       retry: bool) -> tuple[Backend, asyncio.Future[Any] | None]:  # fmt: skip
+        router = self.router
+        backend = router.try_acquire(entry, ticket)
+        if backend is not None:
+            return backend, gone
+        if gone is None:
+            gone = asyncio.ensure_future(receive())
+        waited = time.perf_counter()
+        self.metrics.queue_depth.labels(entry.name).set(len(entry.queue) + 1)
+        task = asyncio.ensure_future(router.acquire(entry, ticket, retry=retry))
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.metrics.queue_depth.labels(entry.name).set(len(entry.queue))
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise _ClientGone
+        self.metrics.queue_wait.labels(entry.name).observe(time.perf_counter() - waited)
+        return task.result(), gone
+
+    async def _exchange(self, backend: Backend, ticket: Ticket, path: bytes,
+                        fwd: list[tuple[bytes, bytes]], body: bytes, stream: bool) -> Response:  # fmt: skip
+        timeout = self.config.first_byte_timeout_s if stream else None
+        task = asyncio.ensure_future(
+            backend.pool.request("POST", path.decode(), fwd, body, head_timeout=timeout)
+        )
+        reason: list[str] = []
+
+        def cancel(why: str) -> None:
+            reason.append(why)
+            task.cancel()
+
+        ticket.cancel = cancel
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if reason and (current is None or not current.cancelling()):
+                raise UpstreamError(reason[0], before_first_byte=True) from None
+            raise
+        finally:
+            ticket.cancel = None
+
+    async def _relay(self, resp: Response, dep: str, stream: bool, send: Send, receive: Receive,
+                     rid_header: tuple[bytes, bytes], arrived: float,
+                     gone: asyncio.Future[Any] | None) -> None:  # fmt: skip
+        headers = [(n, v) for n, v in resp.headers if n not in _DROP_RESPONSE]
+        headers.append(rid_header)
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        if stream and gone is None:
+            gone = asyncio.ensure_future(receive())
+        size, events, first = 0, 0, 0.0
+        tail = b""
+        complete = False
+        try:
+            async for chunk in resp.body():
+                if not first:
+                    first = time.perf_counter()
+                size += len(chunk)
+                if stream:
+                    events += chunk.count(b"data: ")
+                    tail = chunk[-512:]
+                elif size <= 65536:
+                    tail += chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if gone is not None and gone.done():
+                    raise _ClientGone
+            complete = True
+        except UpstreamError:
+            log.warning("replica stream broke after the first byte (deployment %s)", dep)
+        finally:
+            resp.release()
+            if gone is not None and stream and not gone.done():
+                gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        end = time.perf_counter()
+        m = self.metrics
+        m.requests.labels(dep, str(resp.status) if complete else "502").inc()
+        m.response_bytes.labels(dep).observe(size)
+        m.e2e.labels(dep).observe(end - arrived)
+        if first:
+            m.ttft.labels(dep).observe(first - arrived)
+        match = _USAGE.search(tail)
+        tokens = int(match.group(1)) if match else max(events - 1, 0)
+        if tokens and end > first:
+            m.tokens_per_s.labels(dep).observe(tokens / (end - arrived))
+
+    # --- other routes -------------------------------------------------------------------------
+    async def models(self, scope: Scope, send: Send) -> None:
+        now = int(time.time())
+        data = [{"id": m, "object": "model", "created": now, "owned_by": "gpufleet",
+                 "root": m, "parent": parent} for m, parent in self.router.model_ids()]  # fmt: skip
+        await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+    async def scrape(self, send: Send) -> None:
+        m = self.metrics
+        families: dict[str, list[str]] = {}
+        for entry in self.router.deployments.values():
+            in_flight, queued = self.router.load(entry.name)
+            m.queue_depth.labels(entry.name).set(queued)
+            m.in_flight.labels(entry.name).set(in_flight)
+            phases = {"active": 0, "starting": 0, "ejected": 0, "draining": 0}
+            for b in entry.backends.values():
+                key = "ejected" if b.health.ejected else "active" if b.state == "ready" else b.state
+                phases[key] = phases.get(key, 0) + 1
+            for phase, n in phases.items():
+                m.replicas.labels(entry.name, phase).set(n)
+        backends = [b for b in self.router.backends.values() if b.state in ("ready", "draining")
+                    and not b.health.ejected]  # fmt: skip
+        texts = await asyncio.gather(*(_fetch_metrics(b) for b in backends))
+        for backend, text in zip(backends, texts, strict=True):
+            if text:
+                relabel_vllm(text, backend.replica_id, families)
+        await _respond(send, 200, m.render() + render_families(families),
+                       b"text/plain; version=0.0.4; charset=utf-8")  # fmt: skip
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _parse_tier(value: bytes) -> int | None:
+    text = value.decode(errors="replace").strip().lower()
+    if text in _TIERS:
+        return _TIERS[text]
+    return int(text) if text.isdigit() else None
+
+
+def _discard(resp: Response) -> None:
+    resp._conn.close()
+
+
+async def _fetch_metrics(backend: Backend) -> str:
+    try:
+        resp = await backend.pool.request("GET", "/metrics", head_timeout=1.0)
+        text = await asyncio.wait_for(resp.read(), 1.0)
+        resp.release()
+        return text.decode(errors="replace") if resp.status == 200 else ""
+    except (UpstreamError, TimeoutError):
+        return ""
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    while message.get("more_body"):
+        message = await receive()
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
+
+
+async def _respond(send: Send, status: int, body: bytes, content_type: bytes = b"application/json",
+                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:  # fmt: skip
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+               *extra]  # fmt: skip
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,402 @@
+"""The router's state: deployments, their replicas (backends) and admission queues.
+
+Fed by the agent (``set_deployments`` from the desired state, ``set_replicas`` from the
+runtime's list). ``acquire`` returns a backend with a slot taken, waiting in the
+deployment's queue while every replica is full, ejected or still starting (scale from zero:
+held, not failed); ``release`` frees the slot and dispatches the queue's head. A background
+prober ejects replicas that stop answering ``/health`` and readmits them when they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from controlplane.contracts import DeploymentDesired, ReplicaStatus
+from workloadplane.health import ReplicaHealth
+from workloadplane.queue import AdmissionQueue, Waiting
+from workloadplane.router.upstream import UpstreamError, UpstreamPool
+from workloadplane.routing import Candidate, HashRing, choose_replica
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouterConfig:
+    queue_max_length: int = 1024
+    queue_max_wait_s: float = 120.0
+    tiers: int = 3
+    default_tier: int = 1
+    api_keys: dict[str, int] = field(default_factory=dict)
+    """API key → best tier it may use; empty means no authentication."""
+    concurrency_override: int | None = None
+    """Per-replica in-flight limit for every deployment (else its target_concurrency)."""
+    probe_interval_s: float = 0.5
+    probe_timeout_s: float = 1.0
+    readmit_after: int = 2
+    first_byte_timeout_s: float = 2.0
+    """Deadline for the response head of a streaming request (non-streaming heads come
+    only when generation ends, so they rely on the probes)."""
+    max_attempts: int = 4
+    prefix_min_chars: int = 256
+    prefix_chars: int = 1024
+    load_factor: float = 1.25
+    models_refresh_s: float = 10.0
+
+
+class QueueFullError(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("queue full")
+        self.retry_after = retry_after
+
+
+class QueueTimeoutError(Exception):
+    pass
+
+
+class NoCapacityError(Exception):
+    pass
+
+
+class Backend:
+    """One replica as the router sees it."""
+
+    def __init__(self, replica: ReplicaStatus, readmit_after: int) -> None:
+        host, port = _host_port(replica.endpoint or "")
+        self.replica_id = replica.replica_id
+        self.deployment = replica.deployment
+        self.endpoint = replica.endpoint or ""
+        self.state = replica.state
+        self.pool = UpstreamPool(host, port)
+        self.outstanding = 0
+        self.health = ReplicaHealth(readmit_after=readmit_after)
+        self.models: frozenset[str] = frozenset()
+        self.models_at = float("-inf")
+        self.in_flight: set[Ticket] = set()
+
+    @property
+    def routable(self) -> bool:
+        return self.state == "ready" and not self.health.ejected
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = rest.rpartition(":")
+    return (host or "127.0.0.1"), int(port or 80)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's place in the router: what routing needs, and where it went."""
+
+    tier: int
+    affinity_key: str | None = None
+    adapter: str | None = None
+    tried: set[str] = field(default_factory=set)
+    future: asyncio.Future[Backend] | None = None
+    entry: Waiting[Ticket] | None = None
+    started: bool = False
+    """Response bytes came from the replica: no retry possible any more."""
+    cancel: Callable[[str], None] | None = None
+    """Aborts the request's upstream exchange (set while one is in progress)."""
+
+
+class DeploymentEntry:
+    def __init__(self, spec: DeploymentDesired, config: RouterConfig) -> None:
+        self.queue: AdmissionQueue[Ticket] = AdmissionQueue(
+            config.queue_max_length, config.queue_max_wait_s, config.tiers
+        )
+        self.update(spec, config)
+        self.backends: dict[str, Backend] = {}
+        self.ring: HashRing | None = None
+        self.dispatched = 0
+        self.drain_rate = 0.0  # dispatches per second, smoothed (for Retry-After)
+        self._rate_at = time.monotonic()
+
+    def update(self, spec: DeploymentDesired, config: RouterConfig) -> None:
+        self.name = spec.name
+        self.model_id = spec.spec.model_id
+        self.max_replicas = spec.quota.max
+        self.limit = config.concurrency_override or max(
+            1, round(spec.autoscaling.target_concurrency)
+        )
+
+    def in_flight(self) -> int:
+        return sum(b.outstanding for b in self.backends.values())
+
+
+class Router:
+    def __init__(self, config: RouterConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.config = config or RouterConfig()
+        self.clock = clock
+        self.deployments: dict[str, DeploymentEntry] = {}
+        self.backends: dict[str, Backend] = {}
+        self._aliases: dict[str, str] = {}
+        self._tiebreak = itertools.count()
+        self.on_eject: Callable[[Backend, str], None] | None = None
+        self.on_retry: Callable[[str, str], None] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+
+    # --- feeding -------------------------------------------------------------------------
+    def set_deployments(self, deployments: Sequence[DeploymentDesired]) -> None:
+        names = {d.name for d in deployments}
+        for d in deployments:
+            entry = self.deployments.get(d.name)
+            if entry is None:
+                self.deployments[d.name] = DeploymentEntry(d, self.config)
+            else:
+                entry.update(d, self.config)
+        for name in list(self.deployments):
+            entry = self.deployments[name]
+            if name not in names and not entry.backends and not entry.queue:
+                del self.deployments[name]
+        self._attach()
+
+    def set_replicas(self, replicas: Sequence[ReplicaStatus]) -> None:
+        """Mirror the runtime's list: new replicas join, gone ones leave, states follow."""
+        seen = set()
+        for r in replicas:
+            if r.endpoint is None or r.state == "failed":
+                continue
+            seen.add(r.replica_id)
+            backend = self.backends.get(r.replica_id)
+            if backend is None:
+                backend = Backend(r, self.config.readmit_after)
+                self.backends[r.replica_id] = backend
+            backend.state = r.state
+        for rid in [rid for rid in self.backends if rid not in seen]:
+            self._forget(self.backends.pop(rid))
+        self._attach()
+
+    def _attach(self) -> None:
+        for entry in self.deployments.values():
+            mine = {rid: b for rid, b in self.backends.items() if b.deployment == entry.name}
+            if mine.keys() != entry.backends.keys():
+                entry.backends, entry.ring = mine, None
+        self._rebuild_aliases()
+        for entry in self.deployments.values():
+            self._pump(entry)
+
+    def _forget(self, backend: Backend) -> None:
+        for ticket in list(backend.in_flight):
+            if not ticket.started and ticket.cancel is not None:
+                ticket.cancel("replica gone")
+        backend.pool.close()
+
+    def _rebuild_aliases(self) -> None:
+        aliases: dict[str, str] = {}
+        for entry in self.deployments.values():
+            for b in entry.backends.values():
+                for m in b.models:
+                    aliases.setdefault(m, entry.name)
+        for entry in self.deployments.values():
+            aliases[entry.name] = entry.name
+        self._aliases = aliases
+
+    # --- lookups -------------------------------------------------------------------------
+    def resolve(self, model: str) -> DeploymentEntry | None:
+        name = self._aliases.get(model)
+        return self.deployments.get(name) if name is not None else None
+
+    def model_ids(self) -> list[tuple[str, str | None]]:
+        """(model id, parent) pairs: deployments and the adapters their replicas serve."""
+        out: list[tuple[str, str | None]] = []
+        for entry in self.deployments.values():
+            out.append((entry.name, None))
+            extra = set().union(*[b.models for b in entry.backends.values()]) - {entry.name}
+            out += [(m, entry.name) for m in sorted(extra)]
+        return out
+
+    def load(self, deployment: str) -> tuple[int, int]:
+        """(in flight, queued) of a deployment: the autoscaler's router signals."""
+        entry = self.deployments.get(deployment)
+        return (entry.in_flight(), len(entry.queue)) if entry is not None else (0, 0)
+
+    def replica_in_flight(self, replica_id: str) -> int:
+        backend = self.backends.get(replica_id)
+        return backend.outstanding if backend is not None else 0
+
+    # --- dispatch ------------------------------------------------------------------------
+    def _choose(self, entry: DeploymentEntry, ticket: Ticket) -> Backend | None:
+        routable = [b for b in entry.backends.values() if b.routable]
+        if not routable:
+            return None
+        if entry.ring is None or entry.ring.members != {b.replica_id for b in routable}:
+            entry.ring = HashRing(b.replica_id for b in routable)
+        rid = choose_replica(
+            [Candidate(b.replica_id, b.outstanding, entry.limit, b.models) for b in routable],
+            affinity_key=ticket.affinity_key, adapter=ticket.adapter, ring=entry.ring,
+            load_factor=self.config.load_factor, exclude=frozenset(ticket.tried),
+            tiebreak=next(self._tiebreak),
+        )  # fmt: skip
+        if rid is None and ticket.tried:
+            # every replica was tried once: allow another round rather than starving
+            rid = choose_replica(
+                [Candidate(b.replica_id, b.outstanding, entry.limit, b.models) for b in routable],
+                adapter=ticket.adapter, tiebreak=next(self._tiebreak),
+            )  # fmt: skip
+        return entry.backends[rid] if rid is not None else None
+
+    def _assign(self, entry: DeploymentEntry, backend: Backend, ticket: Ticket) -> Backend:
+        backend.outstanding += 1
+        backend.in_flight.add(ticket)
+        ticket.tried.add(backend.replica_id)
+        entry.dispatched += 1
+        return backend
+
+    def try_acquire(self, entry: DeploymentEntry, ticket: Ticket) -> Backend | None:
+        """A backend with a slot taken, if one is free and nobody is queued ahead."""
+        if entry.queue:
+            return None
+        backend = self._choose(entry, ticket)
+        return self._assign(entry, backend, ticket) if backend is not None else None
+
+    async def acquire(
+        self, entry: DeploymentEntry, ticket: Ticket, *, retry: bool = False
+    ) -> Backend:
+        """A backend with a slot taken for ``ticket``; waits in the queue if none is free."""
+        backend = self.try_acquire(entry, ticket)
+        if backend is not None:
+            return backend
+        if entry.max_replicas == 0 and not any(b.routable or b.state == "starting"
+                                               for b in entry.backends.values()):  # fmt: skip
+            raise NoCapacityError(entry.name)
+        now = self.clock()
+        loop = asyncio.get_running_loop()
+        ticket.future = loop.create_future()
+        if retry:
+            ticket.entry = entry.queue.requeue(ticket, ticket.tier, now)
+        else:
+            offer = entry.queue.offer(ticket, ticket.tier, now)
+            if not offer.accepted:
+                raise QueueFullError(entry.queue.retry_after_s(self._drain_rate(entry)))
+            ticket.entry = offer.entry
+            if offer.shed is not None and offer.shed.item.future is not None:
+                shed = offer.shed.item.future
+                if not shed.done():
+                    shed.set_exception(
+                        QueueFullError(entry.queue.retry_after_s(self._drain_rate(entry)))
+                    )
+        self._pump(entry)
+        remaining = self.config.queue_max_wait_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(ticket.future), remaining)
+        except TimeoutError:
+            if ticket.entry is not None and entry.queue.remove(ticket.entry):
+                raise QueueTimeoutError(entry.name) from None
+            return await ticket.future  # dispatched in the same instant
+        except asyncio.CancelledError:
+            if ticket.entry is not None:
+                entry.queue.remove(ticket.entry)
+            if (
+                ticket.future.done()
+                and not ticket.future.cancelled()
+                and ticket.future.exception() is None
+            ):
+                self.release(ticket.future.result(), ticket)
+            raise
+
+    def queued_since(self, ticket: Ticket) -> float | None:
+        return ticket.entry.enqueued_at if ticket.entry is not None else None
+
+    def _pump(self, entry: DeploymentEntry) -> None:
+        while entry.queue:
+            head = entry.queue.peek()
+            assert head is not None
+            ticket = head.item
+            if ticket.future is None or ticket.future.done():
+                entry.queue.pop()
+                continue
+            backend = self._choose(entry, ticket)
+            if backend is None:
+                return
+            entry.queue.pop()
+            ticket.future.set_result(self._assign(entry, backend, ticket))
+
+    def release(self, backend: Backend, ticket: Ticket) -> None:
+        if ticket in backend.in_flight:
+            backend.in_flight.discard(ticket)
+            backend.outstanding -= 1
+        entry = self.deployments.get(backend.deployment)
+        if entry is not None:
+            self._pump(entry)
+
+    def _drain_rate(self, entry: DeploymentEntry) -> float:
+        now = time.monotonic()
+        elapsed = now - entry._rate_at
+        if elapsed >= 1.0:
+            entry.drain_rate = 0.5 * entry.drain_rate + 0.5 * entry.dispatched / elapsed
+            entry.dispatched, entry._rate_at = 0, now
+        return entry.drain_rate
+
+    # --- health ---------------------------------------------------------------------------
+    def eject(self, backend: Backend, reason: str) -> None:
+        """Stop routing to ``backend``; its requests that got no byte yet are retried."""
+        if not backend.health.failed(self.clock(), reason):
+            return
+        log.warning("replica %s ejected: %s", backend.replica_id, reason)
+        if self.on_eject is not None:
+            self.on_eject(backend, reason)
+        for ticket in list(backend.in_flight):
+            if not ticket.started and ticket.cancel is not None:
+                ticket.cancel(f"replica {backend.replica_id} ejected: {reason}")
+
+    def _readmit(self, backend: Backend) -> None:
+        if backend.health.probe_ok():
+            log.info("replica %s readmitted", backend.replica_id)
+            entry = self.deployments.get(backend.deployment)
+            if entry is not None:
+                self._pump(entry)
+
+    async def probe(self, backend: Backend) -> None:
+        timeout = self.config.probe_timeout_s
+        try:
+            resp = await backend.pool.request("GET", "/health", head_timeout=timeout,
+                                              connect_timeout=timeout)  # fmt: skip
+            await asyncio.wait_for(resp.read(), timeout)
+            resp.release()
+            if resp.status != 200:
+                raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)
+        except (UpstreamError, TimeoutError) as exc:
+            self.eject(backend, f"health probe: {exc}")
+            return
+        if self.clock() - backend.models_at >= self.config.models_refresh_s:
+            await self._refresh_models(backend)
+        self._readmit(backend)
+
+    async def _refresh_models(self, backend: Backend) -> None:
+        import json
+
+        with contextlib.suppress(UpstreamError, TimeoutError, ValueError, KeyError, TypeError):
+            resp = await backend.pool.request("GET", "/v1/models", head_timeout=2.0)
+            data = json.loads(await asyncio.wait_for(resp.read(), 2.0))
+            resp.release()
+            backend.models = frozenset(m["id"] for m in data["data"])
+            backend.models_at = self.clock()
+            self._rebuild_aliases()
+
+    async def probe_loop(self) -> None:
+        while True:
+            targets = [b for b in self.backends.values() if b.state in ("ready", "draining")]
+            if targets:
+                await asyncio.gather(*(self.probe(b) for b in targets), return_exceptions=True)
+            await asyncio.sleep(self.config.probe_interval_s)
+
+    def start(self) -> None:
+        if self._probe_task is None:
+            self._probe_task = asyncio.create_task(self.probe_loop(), name="router-probes")
+
+    async def close(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+            self._probe_task = None
+        for backend in self.backends.values():
+            backend.pool.close()

@@ -1,0 +1,90 @@
+"""The router's Prometheus metrics (``gpufleet_`` prefix) and the replicas' ``vllm:*`` ones.
+
+Each Router app has its own registry. The replicas' metrics are fetched on scrape and passed
+through unchanged except for an added ``replica`` label, families kept together.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80, 160)
+SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        d = ["deployment"]
+        self.requests = Counter("gpufleet_router_requests", "Requests answered, by status code",
+                                [*d, "code"], registry=r)  # fmt: skip
+        self.request_bytes = Histogram("gpufleet_router_request_size_bytes", "Request body sizes",
+                                       d, buckets=SIZE_BUCKETS, registry=r)  # fmt: skip
+        self.response_bytes = Histogram("gpufleet_router_response_size_bytes",
+                                        "Response body sizes", d, buckets=SIZE_BUCKETS,
+                                        registry=r)  # fmt: skip
+        self.ttft = Histogram("gpufleet_router_time_to_first_token_seconds",
+                              "Arrival to the first response body byte (first token when "
+                              "streaming)", d, buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.e2e = Histogram("gpufleet_router_e2e_request_latency_seconds",
+                             "Arrival to the last response byte", d, buckets=LATENCY_BUCKETS,
+                             registry=r)  # fmt: skip
+        self.tokens_per_s = Histogram("gpufleet_router_tokens_per_second",
+                                      "Generated tokens per second of each request", d,
+                                      buckets=RATE_BUCKETS, registry=r)  # fmt: skip
+        self.queue_wait = Histogram("gpufleet_router_queue_wait_seconds",
+                                    "Time requests waited in the admission queue", d,
+                                    buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.queue_depth = Gauge("gpufleet_router_queue_depth", "Requests waiting", d, registry=r)
+        self.in_flight = Gauge("gpufleet_router_requests_in_flight", "Requests on replicas", d,
+                               registry=r)  # fmt: skip
+        self.replicas = Gauge("gpufleet_router_replicas", "Replicas by phase (active = ready "
+                              "and not ejected)", [*d, "phase"], registry=r)  # fmt: skip
+        self.retries = Counter("gpufleet_router_retries", "Requests retried on another replica",
+                               [*d, "reason"], registry=r)  # fmt: skip
+        self.ejections = Counter("gpufleet_router_ejections", "Replicas ejected",
+                                 [*d, "replica"], registry=r)  # fmt: skip
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?(\s.*)$")
+
+
+def relabel_vllm(text: str, replica: str, families: dict[str, list[str]]) -> None:
+    """Add ``replica="…"`` to every ``vllm:`` line of ``text``, grouped into ``families``
+    (family name → lines; the first replica's HELP/TYPE lines are kept once)."""
+    current: str | None = None
+    label = f'replica="{_escape(replica)}"'
+    for line in text.splitlines():
+        if line.startswith("# HELP vllm:") or line.startswith("# TYPE vllm:"):
+            current = line.split()[2]
+            lines = families.setdefault(current, [])
+            if line not in lines:
+                lines.append(line)
+            continue
+        if not line.startswith("vllm:") or current is None:
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, _, labels, rest = m.groups()
+        body = f"{label},{labels}" if labels else label
+        families[current].append(f"{name}{{{body}}}{rest}")
+
+
+def render_families(families: dict[str, list[str]]) -> bytes:
+    out: list[str] = []
+    for lines in families.values():
+        out += sorted(
+            lines, key=lambda s: 0 if s.startswith("# HELP") else 1 if s.startswith("#") else 2
+        )
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

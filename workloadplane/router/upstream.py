@@ -1,0 +1,222 @@
+"""A minimal HTTP/1.1 client for talking to replicas: keep-alive pool, streamed bodies.
+
+Written on asyncio protocols and httptools (both already under uvicorn) because the router's
+added latency is a target: a general-purpose client costs several times more per request.
+It knows exactly whether any byte of the response arrived, which is what makes a retry on
+another replica safe (``UpstreamError.before_first_byte``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator, Sequence
+
+import httptools
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+class UpstreamError(Exception):
+    """The replica failed this request; ``before_first_byte``: nothing of a response came."""
+
+    def __init__(self, message: str, *, before_first_byte: bool) -> None:
+        super().__init__(message)
+        self.before_first_byte = before_first_byte
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self._head: asyncio.Future[None] | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._done = False
+        self._error: Exception | None = None
+        self._got_bytes = False
+
+    # --- protocol callbacks -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self._done:
+            self._fail(UpstreamError(f"connection lost: {exc or 'closed by replica'}",
+                                     before_first_byte=not self._got_bytes))  # fmt: skip
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"bad response: {exc}", before_first_byte=False))
+            if self.transport is not None:
+                self.transport.close()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._notify()
+
+    def on_message_complete(self) -> None:
+        self._done = True
+        self._notify()
+
+    # --- helpers ------------------------------------------------------------------------
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _fail(self, exc: Exception) -> None:
+        self._error = exc
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(exc)
+        self._notify()
+
+    def begin(self, request: bytes) -> asyncio.Future[None]:
+        assert self.transport is not None
+        self.headers, self.status, self._chunks = [], 0, collections.deque()
+        self._done, self._error, self._got_bytes = False, None, False
+        self.parser = httptools.HttpResponseParser(self)
+        self._head = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self._head
+
+    async def body(self) -> AsyncIterator[bytes]:
+        while True:
+            while self._chunks:
+                yield self._chunks.popleft()
+            if self._done:
+                return
+            if self._error is not None:
+                raise self._error
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+            self._wake = None
+
+    @property
+    def reusable(self) -> bool:
+        return self._done and not self.closed and self.parser.should_keep_alive()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+
+class Response:
+    """An upstream response whose head has arrived; iterate ``body()`` then ``release()``."""
+
+    def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
+        self._pool, self._conn = pool, conn
+        self.status = conn.status
+        self.headers = conn.headers
+
+    def body(self) -> AsyncIterator[bytes]:
+        return self._conn.body()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self._conn.body()])
+
+    def release(self) -> None:
+        """Give the connection back if the response was read to the end, else close it."""
+        if self._conn.reusable:
+            self._pool.put_back(self._conn)
+        else:
+            self._conn.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one replica (``host:port``)."""
+
+    def __init__(self, host: str, port: int, *, max_idle: int = 256) -> None:
+        self.host, self.port, self.max_idle = host, port, max_idle
+        self._idle: list[_Connection] = []
+        self._host_header = f"{host}:{port}".encode()
+
+    async def _connect(self, timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(f"connect to {self.host}:{self.port} failed: {exc!r}",
+                                before_first_byte=True) from exc  # fmt: skip
+        return conn
+
+    def put_back(self, conn: _Connection) -> None:
+        if len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def _encode(self, method: str, path: str, headers: Headers, body: bytes) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            lines += [name, b": ", value, b"\r\n"]
+        if body or method == "POST":
+            lines.append(b"content-length: %d\r\n" % len(body))
+        lines.append(b"\r\n")
+        lines.append(body)
+        return b"".join(lines)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: Headers = (),
+        body: bytes = b"",
+        *,
+        head_timeout: float | None = None,
+        connect_timeout: float = 2.0,
+    ) -> Response:
+        """Send a request; return once the response head arrived (or raise UpstreamError)."""
+        raw = self._encode(method, path, headers, body)
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(conn, raw, head_timeout)
+            except UpstreamError as exc:
+                if not exc.before_first_byte or isinstance(exc.__cause__, TimeoutError):
+                    raise
+                # a keep-alive connection the replica had closed: try a fresh one
+        conn = await self._connect(connect_timeout)
+        return await self._exchange(conn, raw, head_timeout)
+
+    async def _exchange(
+        self, conn: _Connection, raw: bytes, head_timeout: float | None
+    ) -> Response:
+        head = conn.begin(raw)
+        try:
+            if head_timeout is None:
+                await head
+            else:
+                await asyncio.wait_for(head, head_timeout)
+        except TimeoutError as exc:
+            conn.close()
+            raise UpstreamError(f"no response within {head_timeout}s",
+                                before_first_byte=True) from exc  # fmt: skip
+        except BaseException:
+            conn.close()
+            raise
+        return Response(self, conn)
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

@@ -1,0 +1,345 @@
+"""ProcessRuntime: one vLLM-compatible server process per replica on this node.
+
+Lifecycle of a replica: ``starting`` (after a backoff if its deployment's replicas keep
+failing; launched in its own session on a free port with its GPUs) → ``ready`` once
+``/health`` and ``/v1/models`` answer 200 → watched: vLLM exits 0 when its engine dies, so
+the exit code means nothing and health is what counts — an exit or ``unhealthy_after``
+failed checks in a row make it ``failed`` (its process group is killed). Reconcile then
+stops it and starts a replacement (whose launch waits out the backoff). ``drain`` marks it
+``draining`` (the router stops sending to it), waits for its in-flight requests up to the
+deadline, then SIGTERM, then SIGKILL. Replicas are recorded in ``state_dir`` so a restarted
+agent adopts the processes that still run instead of restarting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from controlplane.contracts import ReplicaState, ReplicaStatus, RevisionSpec, utcnow
+from workloadplane.runtime.gpus import GpuAllocator
+from workloadplane.runtime.templates import CommandTemplate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessConfig:
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 600.0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 3
+    drain_timeout_s: float = 30.0
+    stop_grace_s: float = 10.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    stable_after_s: float = 60.0
+    """A replica ready this long resets its deployment's failure count."""
+
+
+@dataclass
+class _Replica:
+    replica_id: str
+    deployment: str
+    spec: RevisionSpec
+    port: int
+    gpus: list[str]
+    state: ReplicaState = "starting"
+    pid: int | None = None
+    proc: asyncio.subprocess.Process | None = None
+    started_at: datetime = field(default_factory=utcnow)
+    ready_at: float | None = None
+    reason: str = ""
+    task: asyncio.Task[None] | None = None
+
+    def status(self, host: str) -> ReplicaStatus:
+        return ReplicaStatus(replica_id=self.replica_id, deployment=self.deployment,
+                             revision=self.spec.revision, state=self.state,
+                             endpoint=f"http://{host}:{self.port}", started_at=self.started_at)  # fmt: skip
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ProcessRuntime:
+    def __init__(
+        self,
+        template: CommandTemplate,
+        state_dir: Path,
+        *,
+        config: ProcessConfig | None = None,
+        gpus: GpuAllocator | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.template = template
+        self.state_dir = Path(state_dir)
+        self.config = config or ProcessConfig()
+        self.gpus = gpus or GpuAllocator.for_this_machine()
+        self.clock = clock
+        self.in_flight: Callable[[str], int] = lambda _rid: 0
+        """Requests the router has in flight on a replica (set by the agent's wiring)."""
+        self.on_change: Callable[[], None] = lambda: None
+        """Called whenever a replica changes state (the agent reconciles at once)."""
+        self._replicas: dict[str, _Replica] = {}
+        self._failures: dict[str, int] = {}
+        self._seq = 0
+        self._adopted = False
+        self._client = httpx.AsyncClient(timeout=self.config.health_timeout_s)
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # --- Runtime protocol -----------------------------------------------------------------
+    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+        self._adopt()
+        gpus = self.gpus.allocate(spec.gpus_per_replica)
+        self._seq += 1
+        replica_id = f"{deployment}-{spec.revision}-{os.getpid()}-{self._seq}"
+        used = {r.port for r in self._replicas.values()}
+        port = free_port(self.config.host)
+        while port in used:
+            port = free_port(self.config.host)
+        replica = _Replica(replica_id, deployment, spec, port, gpus)
+        self._replicas[replica_id] = replica
+        replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
+        return replica.status(self.config.host)
+
+    async def stop(self, replica_id: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        if replica.task is not None and replica.task is not asyncio.current_task():
+            replica.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replica.task
+        await self._terminate(replica)
+        self._replicas.pop(replica_id, None)
+        self.gpus.release(replica.gpus)
+        self._save()
+        self.on_change()
+
+    async def drain(self, replica_id: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.state == "draining":
+            return
+        if replica.state != "ready":
+            await self.stop(replica_id)
+            return
+        if replica.task is not None:
+            replica.task.cancel()
+        self._set(replica, "draining")
+        replica.task = asyncio.create_task(self._drain(replica), name=f"drain-{replica_id}")
+
+    async def list_replicas(self) -> list[ReplicaStatus]:
+        self._adopt()
+        return [r.status(self.config.host) for r in self._replicas.values()]
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def _run(self, replica: _Replica) -> None:
+        try:
+            if replica.pid is None:
+                await asyncio.sleep(self._backoff(replica.deployment))
+                await self._launch(replica)
+                self._save()
+            await self._wait_ready(replica)
+            await self._watch(replica)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an agent must never crash on a replica
+            log.exception("replica %s supervision failed", replica.replica_id)
+            await self._fail(replica, f"supervision error: {exc!r}")
+
+    def _backoff(self, deployment: str) -> float:
+        failures = self._failures.get(deployment, 0)
+        if failures == 0:
+            return 0.0
+        return min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (failures - 1))
+
+    async def _launch(self, replica: _Replica) -> None:
+        cache_dir = self.state_dir / "cache"
+        argv, env = self.template.render(
+            {"host": self.config.host, "port": str(replica.port), "model_id": replica.spec.model_id,
+             "deployment": replica.deployment, "revision": replica.spec.revision,
+             "replica_id": replica.replica_id, "cache_dir": str(cache_dir)},
+            replica.spec.engine_args,
+        )  # fmt: skip
+        full_env = {**os.environ, **env, **self.gpus.env(replica.gpus)}
+        logfile = open(self.state_dir / "logs" / f"{replica.replica_id}.log", "ab")  # noqa: SIM115
+        try:
+            replica.proc = await asyncio.create_subprocess_exec(
+                *argv, env=full_env, stdin=asyncio.subprocess.DEVNULL, stdout=logfile,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            logfile.close()
+        replica.pid = replica.proc.pid
+        log.info(
+            "replica %s launched (pid %s, port %s)", replica.replica_id, replica.pid, replica.port
+        )
+
+    def _exited(self, replica: _Replica) -> str | None:
+        if replica.proc is not None:
+            code = replica.proc.returncode
+            return None if code is None else f"process exited with code {code}"
+        if replica.pid is not None:
+            try:
+                os.kill(replica.pid, 0)
+            except ProcessLookupError:
+                return "process is gone"
+            except PermissionError:
+                pass
+        return None
+
+    async def _get_ok(self, replica: _Replica, path: str) -> bool:
+        try:
+            resp = await self._client.get(f"http://{self.config.host}:{replica.port}{path}")
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _wait_ready(self, replica: _Replica) -> None:
+        deadline = self.clock() + self.config.startup_timeout_s
+        while True:
+            if (why := self._exited(replica)) is not None:
+                await self._fail(replica, f"{why} while starting")
+                return
+            if await self._get_ok(replica, "/health") and await self._get_ok(replica, "/v1/models"):
+                replica.ready_at = self.clock()
+                self._set(replica, "ready")
+                return
+            if self.clock() > deadline:
+                await self._fail(replica, f"not healthy within {self.config.startup_timeout_s:g}s")
+                return
+            await asyncio.sleep(0.25)
+
+    async def _watch(self, replica: _Replica) -> None:
+        misses = 0
+        while replica.state == "ready":
+            await asyncio.sleep(self.config.health_interval_s)
+            if (why := self._exited(replica)) is not None:
+                await self._fail(replica, f"{why} (vLLM exits 0 when its engine dies)")
+                return
+            if await self._get_ok(replica, "/health"):
+                misses = 0
+                if (
+                    replica.ready_at is not None
+                    and self.clock() - replica.ready_at > self.config.stable_after_s
+                ):
+                    self._failures[replica.deployment] = 0
+                continue
+            misses += 1
+            if misses >= self.config.unhealthy_after:
+                await self._fail(replica, f"/health failed {misses} times in a row")
+                return
+
+    async def _fail(self, replica: _Replica, reason: str) -> None:
+        log.warning("replica %s failed: %s", replica.replica_id, reason)
+        replica.reason = reason
+        self._failures[replica.deployment] = self._failures.get(replica.deployment, 0) + 1
+        await self._terminate(replica, grace=1.0)
+        self._set(replica, "failed")
+
+    async def _drain(self, replica: _Replica) -> None:
+        deadline = self.clock() + self.config.drain_timeout_s
+        while self.in_flight(replica.replica_id) > 0 and self.clock() < deadline:
+            await asyncio.sleep(0.1)
+        await self.stop(replica.replica_id)
+
+    async def _terminate(self, replica: _Replica, grace: float | None = None) -> None:
+        """SIGTERM the replica's process group, SIGKILL it after the grace period."""
+        if replica.pid is None:
+            return
+        grace = self.config.stop_grace_s if grace is None else grace
+        _signal_group(replica.pid, signal.SIGTERM)
+        deadline = self.clock() + grace
+        while self._exited(replica) is None and self.clock() < deadline:
+            if replica.proc is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(replica.proc.wait(), 0.1)
+            else:
+                await asyncio.sleep(0.1)
+        _signal_group(replica.pid, signal.SIGKILL)  # the engine's children too
+        if replica.proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(replica.proc.wait(), 5)
+
+    def _set(self, replica: _Replica, state: ReplicaState) -> None:
+        replica.state = state
+        self._save()
+        self.on_change()
+
+    # --- persistence / adoption -------------------------------------------------------------
+    @property
+    def _record(self) -> Path:
+        return self.state_dir / "replicas.json"
+
+    def _save(self) -> None:
+        rows = [{"replica_id": r.replica_id, "deployment": r.deployment, "spec": r.spec.model_dump(),
+                 "port": r.port, "gpus": r.gpus, "pid": r.pid, "started_at": r.started_at.isoformat()}
+                for r in self._replicas.values() if r.pid is not None and r.state != "failed"]  # fmt: skip
+        tmp = self._record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(self._record)
+
+    def _adopt(self) -> None:
+        """Take over replicas a previous agent process started and that still run."""
+        if self._adopted:
+            return
+        self._adopted = True
+        if not self._record.exists():
+            return
+        try:
+            rows = json.loads(self._record.read_text())
+        except ValueError:
+            return
+        for row in rows:
+            pid = row.get("pid")
+            if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
+                continue
+            replica = _Replica(row["replica_id"], row["deployment"],
+                               RevisionSpec.model_validate(row["spec"]), row["port"], row["gpus"],
+                               pid=pid, started_at=datetime.fromisoformat(row["started_at"]))  # fmt: skip
+            self.gpus.take(replica.gpus)
+            self._replicas[replica.replica_id] = replica
+            replica.task = asyncio.create_task(
+                self._run(replica), name=f"replica-{replica.replica_id}"
+            )
+            log.info("adopted replica %s (pid %s)", replica.replica_id, pid)
+
+    async def close(self, *, stop_replicas: bool = True) -> None:
+        """Stop supervising (and, by default, stop every replica)."""
+        for replica in list(self._replicas.values()):
+            if stop_replicas:
+                await self.stop(replica.replica_id)
+            elif replica.task is not None:
+                replica.task.cancel()
+        await self._client.aclose()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
