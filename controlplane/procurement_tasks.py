@@ -175,7 +175,7 @@ def _failed(d: Deps, pool_id: str, row_ids: list[str], exc: ProviderError) -> Ou
     """Record why the pool could not give instances; Throttled leaves rows for a retry."""
     now, policy, name = d.clock(), d.policy, type(exc).__name__
     with transaction(d.factory) as session:
-        pool = session.get_one(Pool, pool_id, with_for_update=True)
+        pool = session.get_one(Pool, pool_id, with_for_update={"of": Pool})
         rows = [session.get_one(Instance, r, with_for_update=True) for r in row_ids]
         error = {"error": name, "message": str(exc), "at": now.isoformat()}
         svc.update_status(pool, last_error=error)

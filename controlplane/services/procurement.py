@@ -430,7 +430,7 @@ def note_unhealthy(
     inst = find_instance(session, ref)
     if inst is None or inst.health == "unhealthy" or inst.state not in (*ACTIVE, "draining"):
         return False
-    pool = session.get_one(Pool, inst.pool_id, with_for_update=True)
+    pool = session.get_one(Pool, inst.pool_id, with_for_update={"of": Pool})
     inst.health = "unhealthy"
     if inst.state in ACTIVE:
         inst.state = "draining"
@@ -472,6 +472,6 @@ def note_unhealthy(
 
 
 def clear_outage(session: Session, pool_id: str) -> None:
-    pool = session.get_one(Pool, pool_id, with_for_update=True)
+    pool = session.get_one(Pool, pool_id, with_for_update={"of": Pool})
     update_status(pool, outage=None)
     event(session, "PoolOutageCleared", pool, f"pool {pool.name}: outage cleared")
