@@ -139,7 +139,9 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
             demand[c] += deps[d].target_replicas - plan.placed(d)
             spot[c] += max(plan.spot_budget(d), 0)
     sizes = np.array([deps[ds[0]].gpus_per_replica for ds in members], dtype=np.int64)
-    rank = np.zeros(len(members), dtype=np.int64)
+    top = [max(deps[d].priority for d in ds) for ds in members]  # class's highest priority
+    levels = sorted(set(top))
+    rank = np.array([levels.index(p) for p in top], dtype=np.int64)
     free = t.cap - plan.used
     quotas = transport.solve(
         transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy())

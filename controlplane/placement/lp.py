@@ -2,7 +2,9 @@
 
 The model relaxes the engine's problem: deployments with the same shape (replica size,
 GPU types, jurisdiction/region/certification/spot policy, traffic) are merged into one
-class, spread rules and priorities are dropped, and the spot fraction is summed per class.
+class, spread rules and priorities are dropped (except that a deployment whose admissible
+pools span a single provider or region while its policy asks for two counts at most one
+replica), and the spot fraction is summed per class.
 Every engine placement is feasible for it, so its optimum bounds the engine from below:
   LP:  x >= 0 continuous -> `cost` (min effective $/hour) and `unplaced_gpus`, lexicographic
        (unplaced first, via a penalty far above any price).
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.placement.constraints import compile_tables
+from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement.model import PlacementInput
 
 
@@ -42,10 +44,25 @@ class _Model:
     pair_cost: np.ndarray
     pair_spot: np.ndarray
     cap: np.ndarray
+    forced: float  # GPUs the spread rules leave unplaced whatever the placement (see _placeable)
+
+
+def _placeable(t: Tables, d: int, target: int) -> int:
+    """Replicas the spread rules allow at most: 1 when the admissible pools span fewer
+    providers (regions) than the policy asks for, since two replicas on them would break it.
+    A static, placement-independent fact, so keeping the bound a valid one."""
+    pol = t.inp.deployments[d].policy
+    mask = t.compat(d)
+    if pol.min_distinct_providers > 1 and len(set(t.pool_provider[mask].tolist())) < 2:
+        return min(target, 1)
+    if pol.min_distinct_regions > 1 and len(set(t.pool_region[mask].tolist())) < 2:
+        return min(target, 1)
+    return target
 
 
 def _classes(inp: PlacementInput) -> _Model:
     t = compile_tables(inp)
+    forced = 0
     keys: dict[tuple, int] = {}
     members: list[int] = []
     counts: list[int] = []
@@ -66,7 +83,10 @@ def _classes(inp: PlacementInput) -> _Model:
             members.append(d)
             counts.append(0)
             spot_cap.append(0)
-        counts[c] += dep.target_replicas
+        counts[c] += _placeable(t, d, dep.target_replicas)
+        forced += (
+            dep.target_replicas - _placeable(t, d, dep.target_replicas)
+        ) * dep.gpus_per_replica
         if pol.spot_allowed:
             spot_cap[c] += math.floor(pol.max_spot_fraction * dep.target_replicas + 1e-9)
     pc, pp, cost = [], [], []
@@ -85,6 +105,7 @@ def _classes(inp: PlacementInput) -> _Model:
         pair_cost=np.concatenate(cost) if cost else np.zeros(0),
         pair_spot=t.is_spot[pair_pool],
         cap=t.cap.astype(float),
+        forced=float(forced),
     )
 
 
@@ -156,7 +177,7 @@ def _solve(
     unplaced = float((x[n_x:] * m.sizes).sum())
     cost = float((x[:n_x] * m.pair_cost).sum())
     bound = h.getInfo().mip_dual_bound if integer else unplaced
-    return cost, unplaced, float(bound), float(h.getRunTime())
+    return cost, unplaced + m.forced, float(bound) + m.forced, float(h.getRunTime())
 
 
 def lower_bound(
