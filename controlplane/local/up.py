@@ -502,6 +502,17 @@ def run_up(
         lock.release()
 
 
+def _login_cli(url: str, token: str) -> Path | None:
+    """Like `kind`/`minikube`: point the CLI at the new local fleet, unless it already points
+    somewhere (never overwrite a user's existing login)."""
+    from controlplane.cli.config import config_path, save_context
+
+    path = config_path()
+    if path.exists():
+        return None
+    return save_context(url, token, path)
+
+
 def _announce(
     settings: Settings, token: str | None, say: Callable[[str], None], data: Path
 ) -> None:
@@ -511,8 +522,13 @@ def _announce(
     say("  dashboard  not built yet (see SCOPE.md)")
     if token:
         say(f"  admin token (shown once, keep it): {token}")
-        say(f"  try: gpufleet login --url {url} --token <token> && gpufleet get deployments")
-        (data / "first-start.json").write_text(json.dumps({"api_url": url}))
+        saved = _login_cli(url, token)
+        if saved:
+            say(
+                f"  the gpufleet CLI is logged in ({saved}): try `.venv/bin/gpufleet get deployments`"
+            )
+        else:
+            say(f"  try: gpufleet login --url {url} --token <token> && gpufleet get deployments")
     else:
         say("  admin token: created at first start (not shown again)")
     say("Ctrl-C stops everything.")

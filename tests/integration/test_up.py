@@ -27,10 +27,16 @@ class Up:
     """One `gpufleet up` process; collects its output and the processes it started."""
 
     def __init__(self, data_dir: Path, ports: dict[str, int]) -> None:
-        env = {**os.environ, "GPUFLEET_LOG_LEVEL": "WARNING"}
+        self.cli_config = data_dir.parent / "cli-config.yaml"
+        env = {
+            **os.environ,
+            "GPUFLEET_LOG_LEVEL": "WARNING",
+            "GPUFLEET_CONFIG": str(self.cli_config),
+        }
         env |= {f"GPUFLEET_{k.upper()}_PORT": str(v) for k, v in ports.items()}
         for key in ("GPUFLEET_DATABASE_URL", "GPUFLEET_NATS_URL", "GPUFLEET_REDIS_URL"):
             env.pop(key, None)
+        self.env = env
         self.api = f"http://127.0.0.1:{ports['api']}"
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
@@ -102,6 +108,12 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     api = httpx.Client(base_url=first.api, headers={"Authorization": f"Bearer {token[1]}"})
     names = {d["name"] for d in api.get("/api/v1/deployments").json()["items"]}
     assert names == {"eu-assistant", "triage-llm", "batch-summarizer"}
+    # the issue's "done when": `gpufleet get deployments` in another shell shows them
+    assert oct(first.cli_config.stat().st_mode & 0o777) == "0o600"
+    shown = subprocess.run([sys.executable, "-m", "controlplane.cli", "get", "deployments"],
+                           env=first.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert all(name in shown.stdout for name in names)
     api.post("/api/v1/gpu-types", json={"name": "B200-192G", "memory_gib": 192}).raise_for_status()
 
     second = Up(data_dir, {**ports, "api": free_port()})  # same data dir while the first runs
