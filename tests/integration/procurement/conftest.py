@@ -19,7 +19,6 @@ from controlplane.db.base import Base
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.procurement_tasks import Deps
 from controlplane.services.procurement import Policy
-from providers.base import Provider
 from providers.local import LocalProvider
 
 # the moto-backed EC2 fixtures of the provider suite (session servers, started on demand)
@@ -97,7 +96,7 @@ def local(tmp_path: Path, clock: Clock) -> LocalProvider:
 
 
 def make_deps(
-    factory: sessionmaker[Session], provider: Provider, sent: Sent, clock: Clock, **policy: Any
+    factory: sessionmaker[Session], provider: Any, sent: Sent, clock: Clock, **policy: Any
 ) -> Deps:
     return Deps(
         factory=factory,

@@ -1,0 +1,186 @@
+"""After acquire: spot notices, bad nodes and outages, idle release, reserved capacity,
+offers and provider construction."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from controlplane import procurement_tasks as tasks
+from controlplane.contracts import NodeUnhealthy, SpotInterruptionNoticed
+from controlplane.db import models as m
+from controlplane.db.session import transaction
+from controlplane.providers_factory import provider_config
+from controlplane.services.observed import DbSink
+from controlplane.services.procurement import Acquire, Release, plan_procurement
+from providers.base import InvalidRequest
+
+
+def plan(deps, wanted: dict[str, int]) -> list[Any]:
+    with transaction(deps.factory) as s:
+        return plan_procurement(s, wanted, deps.clock(), deps.policy)
+
+
+def carry_out(deps, actions: list[Any]) -> None:
+    for a in actions:
+        if isinstance(a, Acquire):
+            tasks.acquire_run(deps, a.pool_id, a.count, a.request_id, a.cluster_id)
+        else:
+            tasks.release_run(deps, a.instance_id)
+
+
+def instances(factory, pool_id: str) -> list[m.Instance]:
+    with factory() as s:
+        query = select(m.Instance).where(m.Instance.pool_id == pool_id)
+        return list(s.scalars(query.order_by(m.Instance.created_at)))
+
+
+def instance(factory, id_: str) -> m.Instance:
+    with factory() as s:
+        return s.get_one(m.Instance, id_)
+
+
+def events(factory, type_: str) -> list[m.Event]:
+    with factory() as s:
+        return list(s.scalars(select(m.Event).where(m.Event.type == type_)))
+
+
+def test_spot_notice_drains_replans_within_a_second_and_is_replaced(deps, fleet, local, sent):
+    pool = fleet.pool(purchase="spot", gpi=8)
+    carry_out(deps, plan(deps, {pool: 16}))
+    first, second = instances(deps.factory, pool)
+    local.interrupt(first.provider_instance_id, notice=timedelta(minutes=2))
+
+    started = time.perf_counter()
+    assert tasks.poll_interruptions_run(deps) == [first.provider_instance_id]
+    assert sent.replans == ["spot_interruption_noticed"]
+    assert time.perf_counter() - started < 1.0
+    drained = instance(deps.factory, first.id)
+    assert drained.state == "draining"
+    assert drained.drain_deadline == deps.clock() + timedelta(minutes=2)
+    (ev,) = events(deps.factory, "InstanceDraining")
+    assert datetime.fromisoformat(ev.data["deadline"]) == drained.drain_deadline
+    assert tasks.poll_interruptions_run(deps) == []  # a repeated notice changes nothing
+    assert sent.replans == ["spot_interruption_noticed"]
+
+    replacement = plan(deps, {pool: 16})  # the re-plan still wants 16 GPUs there
+    assert [(a.kind, getattr(a, "count", None)) for a in replacement] == [("acquire", 1)]
+    carry_out(deps, replacement)
+    deps.clock.advance(120)
+    assert [a.instance_id for a in plan(deps, {pool: 16})] == [first.id]
+    assert instance(deps.factory, second.id).state == "running"
+
+
+def test_the_agents_spot_fact_drains_the_instance(factory, deps, fleet, sent):
+    pool = fleet.pool(purchase="spot")
+    carry_out(deps, plan(deps, {pool: 8}))
+    (inst,) = instances(factory, pool)
+    sink = DbSink(factory)
+    deadline = deps.clock() + timedelta(seconds=90)
+    fact = SpotInterruptionNoticed(
+        source="cluster/plane-1",
+        cluster="plane-1",
+        instance_id=str(inst.provider_instance_id),
+        deadline=deadline,
+    )
+    assert sink._fact("plane-1", fact, deps.clock()) == "spot_interruption_noticed"
+    inst = instance(factory, inst.id)
+    assert (inst.state, inst.drain_deadline) == ("draining", deadline)
+
+
+def test_a_bad_node_is_replaced_but_an_outage_stops_replacement(factory, deps, fleet, sent):
+    pool = fleet.pool(gpi=8)
+    carry_out(deps, plan(deps, {pool: 16}))
+    a, b = instances(factory, pool)
+    sink = DbSink(factory)
+
+    def unhealthy(inst: m.Instance) -> None:
+        fact = NodeUnhealthy(
+            source="cluster/plane-1",
+            cluster="plane-1",
+            instance_id=str(inst.provider_instance_id),
+            reason="xid 79",
+        )
+        sink._fact("plane-1", fact, deps.clock())
+
+    unhealthy(a)  # one bad node: cordoned, drained, replaced
+    sick = instance(factory, a.id)
+    assert (sick.health, sick.state) == ("unhealthy", "draining")
+    carry_out(deps, plan(deps, {pool: 16}))
+    assert len(instances(factory, pool)) == 3
+
+    unhealthy(b)  # 2 of 3 at once: an outage, not a bad node
+    with factory() as s:
+        assert "outage" in s.get_one(m.Pool, pool).status
+    assert len(events(factory, "PoolOutageSuspected")) == 1
+    deps.clock.advance(600)
+    assert plan(deps, {pool: 16}) == []  # no replacement, no release of the sick nodes
+    with factory() as s:
+        assert s.get_one(m.Pool, pool).status["blocked"] == "outage"
+
+
+def test_idle_instances_go_after_the_deployments_scale_down_delay(deps, fleet, local):
+    pool = fleet.pool(gpi=8)
+    fleet.deployment_on(pool, replicas=0, delay_s=600)
+    carry_out(deps, plan(deps, {pool: 16}))
+    assert plan(deps, {pool: 8}) == []  # one instance idle: its clock starts
+    deps.clock.advance(599)
+    assert plan(deps, {pool: 8}) == []
+    deps.clock.advance(1)
+    actions = plan(deps, {pool: 8})
+    assert [(type(a), a.reason) for a in actions] == [(Release, "idle")]
+    carry_out(deps, actions)
+    assert len(local.list_instances()) == 1
+
+
+def test_load_coming_back_stops_the_idle_clock(deps, fleet):
+    pool = fleet.pool(gpi=8)
+    carry_out(deps, plan(deps, {pool: 8}))
+    plan(deps, {pool: 0})
+    deps.clock.advance(200)
+    plan(deps, {pool: 8})
+    deps.clock.advance(200)
+    assert plan(deps, {pool: 0}) == []  # the clock restarted at 200 s
+
+
+def test_reserved_capacity_is_never_released_and_its_idle_gpus_are_reported(deps, fleet):
+    pool = fleet.pool(purchase="reserved", gpi=8, committed_gpus=32, capacity_reservation_id="cr-1")
+    carry_out(deps, plan(deps, {pool: 32}))
+    for _ in range(3):
+        deps.clock.advance(86_400)
+        assert plan(deps, {pool: 8}) == []
+    with deps.factory() as s:
+        assert s.get_one(m.Pool, pool).status["idle_reserved_gpus"] == 24
+
+
+def test_offers_and_spot_prices_are_refreshed_into_pools(factory, deps, fleet, tmp_path):
+    from providers.local import LocalProvider
+
+    priced = LocalProvider(gpus_total=16, price_per_gpu_hour=2.0, state_path=tmp_path / "p.json")
+    spot = fleet.pool(purchase="spot", gpi=4, quota_gpus=16)
+    deps.providers = lambda row: priced
+    assert tasks.refresh_offers_run(deps) == 1
+    with factory() as s:
+        status = s.get_one(m.Pool, spot).status
+    assert status["offer"]["instance_type"] == "local-4gpu" and status["offer"]["available"]
+    assert status["spot_price_per_gpu_hour"] == pytest.approx(0.8)
+    assert status["spot_available_gpus"] == 16
+
+
+def test_providers_are_built_from_their_row(monkeypatch, tmp_path):
+    row = m.Provider(
+        name="lab", kind="local", provider_class="neocloud", credentials_ref="env:LAB_PROVIDER"
+    )
+    monkeypatch.setenv("LAB_PROVIDER", json.dumps({"gpus_total": 4}))
+    assert provider_config(row, tmp_path) == {
+        "gpus_total": 4,
+        "state_path": str(tmp_path / "providers/lab.json"),
+    }
+    row.credentials_ref = "vault:secret/lab"
+    with pytest.raises(InvalidRequest, match="env:NAME or file:/path"):
+        provider_config(row, tmp_path)
