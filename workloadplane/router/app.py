@@ -303,6 +303,10 @@ class RouterApp:
             complete = True
         except UpstreamError:
             log.warning("replica stream broke after the first byte (deployment %s)", dep)
+            if stream:  # no [DONE]: the client must not take a cut stream for a whole one
+                await send({"type": "http.response.body", "more_body": True, "body": b"data: " +
+                            errors.error_body("the replica failed mid-stream", "upstream_error",
+                                              "stream_broken") + b"\n\n"})  # fmt: skip
         finally:
             resp.release()
             if gone is not None and stream and not gone.done():

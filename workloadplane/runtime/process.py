@@ -94,8 +94,8 @@ class ProcessRuntime:
         self.clock = clock
         self.in_flight: Callable[[str], int] = lambda _rid: 0
         """Requests the router has in flight on a replica (set by the agent's wiring)."""
-        self.on_change: Callable[[], None] = lambda: None
-        """Called whenever a replica changes state (the agent reconciles at once)."""
+        self.on_change: Callable[[list[ReplicaStatus]], None] = lambda _replicas: None
+        """Called with the replica list whenever a replica changes state or goes away."""
         self._replicas: dict[str, _Replica] = {}
         self._failures: dict[str, int] = {}
         self._seq = 0
@@ -130,7 +130,7 @@ class ProcessRuntime:
         self._replicas.pop(replica_id, None)
         self.gpus.release(replica.gpus)
         self._save()
-        self.on_change()
+        self.on_change(self._statuses())
 
     async def drain(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)
@@ -146,6 +146,9 @@ class ProcessRuntime:
 
     async def list_replicas(self) -> list[ReplicaStatus]:
         self._adopt()
+        return self._statuses()
+
+    def _statuses(self) -> list[ReplicaStatus]:
         return [r.status(self.config.host) for r in self._replicas.values()]
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -280,7 +283,7 @@ class ProcessRuntime:
     def _set(self, replica: _Replica, state: ReplicaState) -> None:
         replica.state = state
         self._save()
-        self.on_change()
+        self.on_change(self._statuses())
 
     # --- persistence / adoption -------------------------------------------------------------
     @property
