@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".gpufleet"), description="State of the local fleet.")
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    api_workers: int = Field(default=2, ge=1, description="uvicorn worker processes")
     postgres_port: int = 5433
     nats_port: int = 4223
     redis_port: int = 6380

@@ -52,7 +52,8 @@ class Region(ManagedMixin, Base):
     latitude: Mapped[float] = mapped_column(Float)
     longitude: Mapped[float] = mapped_column(Float)
 
-    provider: Mapped[Provider] = relationship(back_populates="regions", lazy="joined")
+    # not joined: a pool or cluster needs only the region's own columns
+    provider: Mapped[Provider] = relationship(back_populates="regions")
 
 
 class GpuType(ManagedMixin, Base):

@@ -98,6 +98,8 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--port",
                 str(settings.api_port),
                 "--no-access-log",
+                "--workers",
+                str(settings.api_workers),
             ],
             port=settings.api_port,
         ),
