@@ -58,58 +58,31 @@ def uvicorn(target: list[str], env: dict[str, str]) -> Iterator[int]:
 
 
 def seed(url: str) -> str:
-    from controlplane.api.schemas import (
-        GpuTypeSpec,
-        PoolSpec,
-        ProviderSpec,
-        RegionSpec,
-        Role,  # fmt: skip
-        TokenSpec,
-    )
     from controlplane.db.migrate import upgrade
     from controlplane.db.session import make_engine, make_session_factory, transaction
-    from controlplane.services import inventory as svc
-    from controlplane.services.resources import KINDS
+    from controlplane.services.inventory import Actor
+    from controlplane.services.manifests import apply_manifests
 
     upgrade(url)
+    docs = [
+        {"kind": "Token", "name": "bench", "role": "admin"},
+        {"kind": "Provider", "name": "aws-main", "provider_kind": "aws",
+         "provider_class": "hyperscaler"},
+        {"kind": "Region", "name": "aws-us-east-1", "provider": "aws-main", "code": "us-east-1",
+         "jurisdiction": "US", "latitude": 38.9, "longitude": -77.4},
+        {"kind": "GpuType", "name": "H100-80G", "memory_gib": 80},
+    ] + [
+        {"kind": "Pool", "name": f"pool-{i}", "provider": "aws-main", "region": "aws-us-east-1",
+         "gpu_type": "H100-80G", "purchase_type": "on_demand", "gpus": 64,
+         "price_per_gpu_hour": "3.93375"}
+        for i in range(POOLS)
+    ]  # fmt: skip
     engine = make_engine(url)
-    actor = svc.Actor("bench")
-    with transaction(make_session_factory(engine)) as s:
-        token = svc.create(s, KINDS["tokens"], TokenSpec(name="bench", role=Role.admin), actor)
-        svc.create(
-            s,
-            KINDS["providers"],
-            ProviderSpec(name="aws-main", provider_kind="aws", provider_class="hyperscaler"),
-            actor,
-        )  # type: ignore[arg-type]
-        svc.create(
-            s,
-            KINDS["regions"],
-            RegionSpec(
-                name="aws-us-east-1",
-                provider="aws-main",
-                code="us-east-1",
-                jurisdiction="US",
-                latitude=38.9,
-                longitude=-77.4,
-            ),
-            actor,
-        )
-        svc.create(s, KINDS["gpu-types"], GpuTypeSpec(name="H100-80G", memory_gib=80), actor)
-        for i in range(POOLS):
-            spec = PoolSpec(
-                name=f"pool-{i}",
-                provider="aws-main",
-                region="aws-us-east-1",
-                gpu_type="H100-80G",
-                purchase_type="on_demand",
-                gpus=64,
-                price_per_gpu_hour="3.93375",
-            )  # type: ignore[arg-type]
-            svc.create(s, KINDS["pools"], spec, actor)
+    with transaction(make_session_factory(engine)) as session:
+        results = apply_manifests(session, docs, Actor("bench"))
     engine.dispose()
-    assert token.secrets
-    return token.secrets["token"]
+    [token] = [r.secrets["token"] for r in results if r.secrets and "token" in r.secrets]
+    return token
 
 
 def main() -> int:

@@ -63,7 +63,9 @@ def test_an_unchanged_world_replans_to_the_same_placement(demo, operator, sessio
 def test_preview_of_a_cluster_down_explains_without_saving(demo, operator):
     operator.post("placement/replan", {})
     before = demo.get("placement").json()
-    preview = demo.post("placement/preview", {"changes": [{"kind": "cluster", "name": "euc1-a", "state": "down"}]})
+    preview = demo.post(
+        "placement/preview", {"changes": [{"kind": "cluster", "name": "euc1-a", "state": "down"}]}
+    )
     assert preview.status_code == 200, preview.text
     eu = preview.json()["deployments"]["eu-assistant"]
     assert eu["placed_replicas"] == 0
@@ -73,7 +75,9 @@ def test_preview_of_a_cluster_down_explains_without_saving(demo, operator):
     assert float(preview.json()["cost_delta_per_hour"]) < 0  # the DE replicas stop costing
     assert demo.get("placement").json() == before  # nothing saved
 
-    unknown = demo.post("placement/preview", {"changes": [{"kind": "pool", "name": "nope", "removed": True}]})
+    unknown = demo.post(
+        "placement/preview", {"changes": [{"kind": "pool", "name": "nope", "removed": True}]}
+    )
     assert unknown.status_code == 422
     assert unknown.json()["errors"][0]["field"] == "changes[0].name"
 
@@ -85,7 +89,9 @@ def test_only_one_replan_runs_at_a_time(demo, session_factory):
             assert replan(other, "test") is None
 
 
-def test_the_desired_state_of_a_cluster_carries_its_placed_deployments(demo, operator, session_factory):
+def test_the_desired_state_of_a_cluster_carries_its_placed_deployments(
+    demo, operator, session_factory
+):
     operator.post("placement/replan", {})
     with session_factory() as s:
         cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
