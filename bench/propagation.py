@@ -38,6 +38,7 @@ from controlplane.bus import (
     render_server_config,
     write_server_config,
 )
+from controlplane.bus.desired import DesiredPublisher
 from controlplane.contracts import (
     DeploymentDesired,
     DesiredState,
@@ -153,6 +154,7 @@ async def main(samples: int, rate_seconds: float) -> int:
                                       env=env))  # fmt: skip
 
         generation = 0
+        publisher = DesiredPublisher(kv)  # what the control plane's bus process uses
 
         async def ours() -> float:
             nonlocal generation
@@ -160,7 +162,7 @@ async def main(samples: int, rate_seconds: float) -> int:
             fut = asyncio.get_running_loop().create_future()
             sink.waiters[generation] = fut
             t0 = time.perf_counter()
-            await publish_desired(kv, desired(generation))
+            await publisher.publish(desired(generation))
             return (await asyncio.wait_for(fut, 5)) - t0
 
         async def bare() -> tuple[float, float]:
@@ -205,7 +207,7 @@ async def main(samples: int, rate_seconds: float) -> int:
             n = int(rate * rate_seconds)
             for i in range(n):
                 generation += 1
-                await publish_desired(kv, desired(generation))
+                await publisher.publish(desired(generation))
                 lags.append(generation - sink.acked)
                 delay = t_start + (i + 1) / rate - time.perf_counter()
                 if delay > 0:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.bus import ensure_bus
 from controlplane.bus.consumer import ReportConsumer
-from controlplane.bus.desired import publish_desired
+from controlplane.bus.desired import DesiredPublisher
 from controlplane.contracts import DesiredState
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory
@@ -66,10 +66,11 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
     published: dict[str, int] = {}
+    publisher = DesiredPublisher(kv)
     try:
         while not stop.is_set():
             for state in await asyncio.to_thread(pending_snapshots, factory, published):
-                result = await publish_desired(kv, state)
+                result = await publisher.publish(state)
                 published[state.cluster] = state.generation
                 log.info("desired state of %s at generation %d: %s", state.cluster,
                          state.generation, result.outcome)  # fmt: skip

@@ -70,3 +70,32 @@ async def publish_desired(kv: KeyValue, state: DesiredState) -> PublishResult:
         f"could not publish desired state for {state.cluster}: {MAX_CAS_ATTEMPTS} "
         "concurrent-write conflicts in a row; is another control plane publishing?"
     )
+
+
+class DesiredPublisher:
+    """`publish_desired` with the last written revision remembered per cluster.
+
+    The common case — we wrote the previous snapshot ourselves — is then one round trip:
+    a compare-and-set against the revision we wrote. If anyone else wrote in between the
+    CAS fails and we fall back to read-compare-write, so the guarantee is unchanged.
+    """
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self._last: dict[str, tuple[int, int]] = {}  # cluster -> (generation, kv revision)
+
+    async def publish(self, state: DesiredState) -> PublishResult:
+        known = self._last.get(state.cluster)
+        if known is not None and known[0] < state.generation:
+            try:
+                revision = await self._kv.update(
+                    desired_key(state.cluster), encode(state), last=known[1]
+                )
+            except KeyWrongLastSequenceError:
+                pass  # someone else wrote: compare against what is stored now
+            else:
+                self._last[state.cluster] = (state.generation, revision)
+                return PublishResult("published", state.generation, revision)
+        result = await publish_desired(self._kv, state)
+        self._last[state.cluster] = (result.stored_generation, result.kv_revision)
+        return result
