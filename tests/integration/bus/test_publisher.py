@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.bus.desired import DesiredPublisher, current_desired, publish_desired
 from tests.integration.bus.builders import make_desired
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 
 async def test_a_newer_snapshot_written_by_someone_else_is_never_overwritten(bus):
