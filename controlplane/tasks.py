@@ -30,7 +30,7 @@ celery_app.conf.update(
     broker_connection_retry_on_startup=True,
     beat_schedule={
         "check-clusters": {"task": "gpufleet.check_clusters", "schedule": 5.0},
-        "poll-interruptions": {"task": "gpufleet.poll_interruptions", "schedule": 1.0},
+        "poll-interruptions": {"task": "gpufleet.poll_interruptions", "schedule": 0.5},
         "reconcile-instances": {"task": "gpufleet.reconcile_instances", "schedule": 30.0},
         "refresh-offers": {"task": "gpufleet.refresh_offers", "schedule": 300.0},
         "replan": {"task": "gpufleet.replan", "schedule": 30.0, "kwargs": {"reason": "timer"}},
