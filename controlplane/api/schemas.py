@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -146,21 +147,35 @@ class PoolSpec(Spec):
         # stored as NUMERIC(…, 6): normalise so that "2.1" and "2.100000" are the same spec
         return None if v is None else v.quantize(Decimal("0.000001"))
 
+    @field_validator(*_ONLY_FOR)
+    @classmethod
+    def _only_for_its_purchase_type(cls, v: object, info: ValidationInfo) -> object:
+        only = _ONLY_FOR[str(info.field_name)]
+        if v is not None and info.data.get("purchase_type") not in (None, only):
+            raise ValueError(
+                f"applies to {only.value} pools only; remove it or set purchase_type: {only.value}"
+            )
+        return v
+
+    @field_validator("term_end")
+    @classmethod
+    def _after_start(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
+        start = info.data.get("term_start")
+        if v is not None and start is not None and v <= start:
+            raise ValueError(f"must be after term_start ({start.isoformat()}); fix one of them")
+        return v
+
     @model_validator(mode="after")
-    def _purchase_fields(self) -> Self:
-        for fname, only in _ONLY_FOR.items():
-            if getattr(self, fname) is not None and self.purchase_type != only:
-                raise ValueError(
-                    f"{fname} applies to {only.value} pools only; remove it or set "
-                    f"purchase_type: {only.value}"
-                )
+    def _reserved_terms(self) -> Self:
         if self.purchase_type == PurchaseType.reserved:
-            if self.term_start is None or self.term_end is None:
-                raise ValueError("a reserved pool needs term_start and term_end")
-            if self.term_end <= self.term_start:
-                raise ValueError("term_end must be after term_start")
-            if self.committed_gpus is None:
-                raise ValueError("a reserved pool needs committed_gpus (the GPUs paid for)")
+            missing = [
+                f for f in ("term_start", "term_end", "committed_gpus") if getattr(self, f) is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"a reserved pool needs {', '.join(missing)} (the contract's term and the "
+                    "GPUs paid for); add them"
+                )
         return self
 
 
@@ -196,14 +211,16 @@ class AutoscalingPolicy(Spec):
     scale_to_zero_idle_s: float = Field(default=900, ge=0)
     schedule: list[ScheduleEntry] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> Self:
-        if self.max_replicas < self.min_replicas:
+    @field_validator("max_replicas")
+    @classmethod
+    def _not_below_min(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_replicas")
+        if low is not None and v < low:
             raise ValueError(
-                f"max_replicas ({self.max_replicas}) is below min_replicas "
-                f"({self.min_replicas}); raise max_replicas or lower min_replicas"
+                f"max_replicas ({v}) is below min_replicas ({low}); raise max_replicas or lower "
+                "min_replicas"
             )
-        return self
+        return v
 
 
 class PlacementPolicy(Spec):
