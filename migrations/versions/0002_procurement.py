@@ -18,7 +18,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column("instances", sa.Column("drain_deadline", sa.DateTime(timezone=True), nullable=True))
+    op.add_column(
+        "instances", sa.Column("drain_deadline", sa.DateTime(timezone=True), nullable=True)
+    )
     op.add_column("instances", sa.Column("idle_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("instances", sa.Column("error", sa.Text(), nullable=True))
     op.create_index("ix_instances_pool_state", "instances", ["pool_id", "state"], unique=False)
