@@ -1,0 +1,233 @@
+"""Router bench: gpufleet's router next to vllm-router (PyPI, Rust) on the same engine-sim
+backends, in the same run. Targets (DESIGN.md): added latency at concurrency 1 ≤ 1.2× vllm-router's;
+a killed replica → 0 failed requests; a hung (SIGSTOPped) replica ejected ≤ 2 s with ≤ 0.5 %
+failed. Throughput at concurrency 64 is reported for both. vllm-router is pip-installed into
+its own venv under ~/.cache/gpufleet/bench/ on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workloadplane.router.upstream import UpstreamError, UpstreamPool
+from workloadplane.runtime.process import free_port
+
+VLLM_ROUTER = "vllm-router==0.1.17"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufleet" / "bench"
+BODY = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 4, "ignore_eos": True}).encode()  # fmt: skip
+HEADERS = [(b"content-type", b"application/json")]
+
+
+def vllm_router_bin() -> str:
+    venv = CACHE / VLLM_ROUTER.replace("==", "-")
+    exe = venv / "bin" / "vllm-router"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", VLLM_ROUTER],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return str(exe)
+
+
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGCONT)
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+async def wait_up(port: int, path: str = "/health", timeout: float = 60) -> None:
+    pool = UpstreamPool("127.0.0.1", port)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            resp = await pool.request("GET", path, head_timeout=1)
+            await resp.read()
+            if resp.status == 200:
+                pool.close()
+                return
+        except UpstreamError:
+            pass
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"nothing healthy on port {port}")
+
+
+def sims(n: int, tokens_per_s: float = 2000) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    ports = [free_port() for _ in range(n)]
+    procs = [spawn([sys.executable, "-m", "workloadplane.enginesim", "--port", str(p), "--model",
+                    "chat", "--tokens-per-s", str(tokens_per_s)]) for p in ports]  # fmt: skip
+    return procs, ports
+
+
+def routers(ports: list[int]) -> tuple[list[subprocess.Popen[bytes]], int, int]:
+    ours, theirs = free_port(), free_port()
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = [
+        spawn([sys.executable, "-m", "workloadplane.router", "--port", str(ours),
+               *[a for u in urls for a in ("--replica", f"chat={u}")]]),
+        spawn([vllm_router_bin(), "--port", str(theirs), "--worker-urls", *urls,
+               "--policy", "round_robin", "--log-level", "error"]),
+    ]  # fmt: skip
+    return procs, ours, theirs
+
+
+@dataclass
+class Load:
+    ok: int = 0
+    failed: int = 0
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+async def load(port: int, concurrency: int, seconds: float, timeout: float = 10) -> Load:
+    pool = UpstreamPool("127.0.0.1", port)
+    out = Load()
+    started = time.perf_counter()
+    end = started + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            try:
+                resp = await asyncio.wait_for(pool.request("POST", "/v1/chat/completions",
+                                                           HEADERS, BODY), timeout)  # fmt: skip
+                await asyncio.wait_for(resp.read(), timeout)
+                resp.release()
+                ok = resp.status == 200
+            except (UpstreamError, TimeoutError):
+                ok = False
+            if ok:
+                out.ok += 1
+                out.latencies.append(time.perf_counter() - t0)
+            else:
+                out.failed += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    out.seconds = time.perf_counter() - started
+    pool.close()
+    return out
+
+
+async def latency_c1(ports: dict[str, int], rounds: int = 400) -> dict[str, float]:
+    """p50 latency per target, requests interleaved so drift hits all alike."""
+    pools = {k: UpstreamPool("127.0.0.1", p) for k, p in ports.items()}
+    samples: dict[str, list[float]] = {k: [] for k in ports}
+    for i in range(rounds + 50):
+        for name, pool in pools.items():
+            t0 = time.perf_counter()
+            resp = await pool.request("POST", "/v1/chat/completions", HEADERS, BODY)
+            await resp.read()
+            resp.release()
+            if i >= 50:  # warm-up
+                samples[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+async def fault_run(router_port: int, victim: subprocess.Popen[bytes], sig: signal.Signals,
+                    scrape_port: int | None) -> tuple[Load, float | None]:  # fmt: skip
+    """32 concurrent clients for 6 s; ``sig`` hits a replica after 2 s. For our router also
+    the time from SIGSTOP to the ejection showing in /metrics."""
+    task = asyncio.create_task(load(router_port, 32, 6.0))
+    await asyncio.sleep(2.0)
+    os.killpg(victim.pid, sig)
+    t0 = time.monotonic()
+    ejected_after = None
+    if scrape_port is not None:
+        pool = UpstreamPool("127.0.0.1", scrape_port)
+        while time.monotonic() - t0 < 5:
+            resp = await pool.request("GET", "/metrics")
+            text = (await resp.read()).decode()
+            resp.release()
+            if "gpufleet_router_ejections_total{" in text:
+                ejected_after = time.monotonic() - t0
+                break
+            await asyncio.sleep(0.02)
+        pool.close()
+    return await task, ejected_after
+
+
+async def scenario(kind: str) -> dict[str, tuple[Load, float | None]]:
+    """Fresh backends and routers per router under test, so one's fault can't hit the other."""
+    out: dict[str, tuple[Load, float | None]] = {}
+    for who in ("gpufleet", "vllm-router"):
+        sim_procs, ports = sims(3)
+        router_procs, ours, theirs = routers(ports)
+        try:
+            for p in [*ports, ours]:
+                await wait_up(p)
+            await wait_up(theirs, "/v1/models")
+            port = ours if who == "gpufleet" else theirs
+            sig = signal.SIGKILL if kind == "kill" else signal.SIGSTOP
+            out[who] = await fault_run(port, sim_procs[0], sig, ours if who == "gpufleet" else None)
+        finally:
+            stop(router_procs + sim_procs)
+    return out
+
+
+def pct(load: Load) -> float:
+    total = load.ok + load.failed
+    return 100.0 * load.failed / total if total else 0.0
+
+
+async def main() -> None:
+    sim_procs, ports = sims(2)
+    router_procs, ours, theirs = routers(ports)
+    try:
+        for p in [*ports, ours]:
+            await wait_up(p)
+        await wait_up(theirs, "/v1/models")
+        p50 = await latency_c1({"direct": ports[0], "gpufleet": ours, "vllm-router": theirs})
+        added_ours = (p50["gpufleet"] - p50["direct"]) * 1000
+        added_theirs = (p50["vllm-router"] - p50["direct"]) * 1000
+        print(f"concurrency 1, p50: direct {p50['direct'] * 1000:.3f} ms; added: gpufleet "
+              f"{added_ours:.3f} ms, vllm-router {added_theirs:.3f} ms")  # fmt: skip
+        thr = {
+            name: await load(port, 64, 5.0)
+            for name, port in (("gpufleet", ours), ("vllm-router", theirs))
+        }
+        for name, res in thr.items():
+            print(f"concurrency 64: {name} {res.ok / res.seconds:.0f} req/s, "
+                  f"{res.failed} failed")  # fmt: skip
+    finally:
+        stop(router_procs + sim_procs)
+    killed = await scenario("kill")
+    hung = await scenario("hang")
+    for label, res in (("killed replica", killed), ("hung replica", hung)):
+        for name, (ld, ej) in res.items():
+            extra = f", ejected after {ej:.2f} s" if ej is not None else ""
+            print(
+                f"{label}: {name} {ld.failed}/{ld.ok + ld.failed} failed ({pct(ld):.2f} %){extra}"
+            )
+    ratio = added_ours / added_theirs if added_theirs > 0 else float("inf")
+    kill_failed = killed["gpufleet"][0].failed
+    hung_load, ejected = hung["gpufleet"]
+    checks = [ratio <= 1.2, kill_failed == 0, ejected is not None and ejected <= 2.0,
+              pct(hung_load) <= 0.5]  # fmt: skip
+    thr_ours, thr_theirs = (thr[n].ok / thr[n].seconds for n in ("gpufleet", "vllm-router"))
+    print(f"HEADLINE router: added latency {added_ours:.3f} ms vs vllm-router {added_theirs:.3f} ms "
+          f"({ratio:.2f}x, target <=1.2x); c64 {thr_ours:.0f} vs {thr_theirs:.0f} req/s; killed "
+          f"replica {kill_failed} failed (target 0, vllm-router {killed['vllm-router'][0].failed}); "
+          f"hung replica ejected in {ejected if ejected is not None else float('nan'):.2f} s, "
+          f"{pct(hung_load):.2f} % failed (target <=2 s, <=0.5 %; vllm-router "
+          f"{pct(hung['vllm-router'][0]):.2f} %) — {'PASS' if all(checks) else 'FAIL'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
