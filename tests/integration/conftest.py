@@ -1,4 +1,5 @@
-"""An API client on the real PostgreSQL, with one token per role; every test starts empty."""
+"""Integration fixtures: an API client on the real PostgreSQL with one token per role; every
+test that asks for `tokens` starts from an empty database."""
 
 from __future__ import annotations
 

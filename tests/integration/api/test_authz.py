@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from tests.integration.api.conftest import Api
+from tests.integration.conftest import Api
 
 PUBLIC = None
 V, OP, A = "viewer", "operator", "admin"

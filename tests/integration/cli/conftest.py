@@ -19,11 +19,10 @@ from controlplane.api.app import create_app
 from controlplane.cli import app
 from controlplane.local.postgres import free_port
 from controlplane.settings import Settings
-from tests.integration.api.conftest import engine, session_factory, tokens  # noqa: F401
 
 
 @pytest.fixture(scope="session")
-def api_url(database_url: str, session_factory: sessionmaker[Session]) -> Iterator[str]:  # noqa: F811
+def api_url(database_url: str, session_factory: sessionmaker[Session]) -> Iterator[str]:
     api = create_app(Settings(database_url=database_url), session_factory=session_factory)
     port = free_port()
     config = uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
@@ -59,5 +58,5 @@ class Cli:
 
 
 @pytest.fixture
-def cli(api_url: str, tokens: dict[str, str], tmp_path: Path) -> Cli:  # noqa: F811
+def cli(api_url: str, tokens: dict[str, str], tmp_path: Path) -> Cli:
     return Cli(api_url, tokens["admin"], tmp_path / "config.yaml")
