@@ -68,15 +68,20 @@ def replan(reason: str = "timer") -> dict[str, object] | None:
 
     The bus process publishes the clusters whose desired generation moved.
     """
+    from controlplane.procurement_tasks import dispatch
     from controlplane.services.placement import replan as run_replan
 
     with transaction(sessions()) as session:
-        info = run_replan(session, reason)
-    if info is None:
+        done = run_replan(session, reason)
+    if done is None:
         log.info("re-plan skipped (%s): another one is running", reason)
         return None
-    log.info("re-planned (%s): total $%s/h", reason, info["total_cost_per_hour"])
-    return {"total_cost_per_hour": info["total_cost_per_hour"], "changes": len(info["changes"])}
+    dispatch(done.actions)  # after the commit: the acquire tasks read the requested rows
+    info = done.summary
+    log.info("re-planned (%s): total $%s/h, %d procurement action(s)", reason,
+             info["total_cost_per_hour"], len(done.actions))  # fmt: skip
+    return {"total_cost_per_hour": info["total_cost_per_hour"], "changes": len(info["changes"]),
+            "procurement": len(done.actions)}  # fmt: skip
 
 
 from controlplane import procurement_tasks  # noqa: E402, F401  (registers acquire/release/sweeps)

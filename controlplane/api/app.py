@@ -131,8 +131,10 @@ def create_app(
     session_factory: sessionmaker[Session] | None = None,
     extra_routers: list[APIRouter] | None = None,
     on_inventory_change: Callable[[str], None] | None = None,
+    dispatch_procurement: Callable[[list[Any]], None] | None = None,
 ) -> FastAPI:
-    """`on_inventory_change(kind)` runs after a committed change placement depends on."""
+    """`on_inventory_change(kind)` runs after a committed change placement depends on;
+    `dispatch_procurement(actions)` after an on-demand re-plan committed."""
     factory = session_factory or make_session_factory(
         make_engine(settings.database_url, settings.db_pool_size)
     )
@@ -158,6 +160,7 @@ def create_app(
     app.state.settings = settings
     app.state.verifier = TokenVerifier(factory)
     app.state.on_inventory_change = on_inventory_change or (lambda kind: None)
+    app.state.dispatch_procurement = dispatch_procurement or (lambda actions: None)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(
         ControlPlaneError,

@@ -105,9 +105,10 @@ def placement_router() -> APIRouter:
         request: Request, _: Principal = Depends(require(Role.operator))
     ) -> dict[str, Any]:
         with session_scope(request) as session:
-            result = svc.replan(session, reason="api")
-        if result is None:
+            done = svc.replan(session, reason="api")
+        if done is None:
             raise Conflict("another re-plan is running; retry in a moment")
-        return result
+        request.app.state.dispatch_procurement(done.actions)
+        return done.summary
 
     return router

@@ -15,12 +15,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from controlplane import placement as engine
 from controlplane.db import models as m
 from controlplane.services.desired import bump_desired
+from controlplane.services.procurement import ACTIVE, blocked_reason, plan_procurement
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
 ENGINE_STATE = {"healthy": "healthy", "stale": "healthy", "cordoned": "draining",
@@ -54,21 +55,26 @@ def wanted_replicas(deployment: m.Deployment) -> int:
     return max(floor, min(high, deployment.demand_replicas))
 
 
-def _pool(row: m.Pool, now: datetime) -> engine.Pool:
-    exhausted = (row.status or {}).get("exhausted_until")
-    blocked = exhausted is not None and datetime.fromisoformat(exhausted) > now
+def _pool(row: m.Pool, now: datetime, held_gpus: int) -> engine.Pool:
+    """Capacity: the pool's declared `gpus` plus the GPUs of instances procurement holds.
+    Procurable: what the quota (on-demand), the commitment (reserved) or the offer (spot)
+    still allows, none while the pool is exhausted, over quota, failing or in an outage."""
+    capacity = row.gpus + held_gpus
     procurable = 0
-    if row.purchase_type == "on_demand" and not blocked:
-        procurable = max(0, (row.quota_gpus or 0) - row.gpus)
-    elif row.purchase_type == "spot" and not blocked:
-        procurable = int((row.status or {}).get("spot_available_gpus", 0))
+    if blocked_reason(row, now) is None:
+        if row.purchase_type == "on_demand":
+            procurable = max(0, (row.quota_gpus or 0) - capacity)
+        elif row.purchase_type == "reserved":
+            procurable = max(0, (row.committed_gpus or 0) - capacity)
+        else:
+            procurable = int((row.status or {}).get("spot_available_gpus", 0))
     return engine.Pool(
         id=row.name,
         provider=row.provider.name,
         region=row.region.name,
         gpu_type=row.gpu_type.name,
         purchase=row.purchase_type,  # type: ignore[arg-type]
-        capacity_gpus=row.gpus,
+        capacity_gpus=capacity,
         price_per_gpu_hour=float(row.price_per_gpu_hour),
         procurable_gpus=procurable,
         interruption_rate_per_hour=float(row.interruptions_per_hour or 0),
@@ -118,6 +124,7 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         d.name: d for d in session.scalars(select(m.Deployment).order_by(m.Deployment.name))
     }
     regions = session.scalars(select(m.Region).order_by(m.Region.name)).unique()
+    held = held_gpus(session)
     names = {
         "deployment": {d.id: d.name for d in deployments.values()},
         "cluster": {c.id: c.name for c in clusters.values()},
@@ -139,7 +146,7 @@ def load_world(session: Session, now: datetime | None = None) -> World:
                 engine.Region(r.name, r.jurisdiction, utc_offset_hours(r.longitude))
                 for r in regions
             ),
-            pools=tuple(_pool(p, now) for p in pools.values()),
+            pools=tuple(_pool(p, now, held.get(p.id, 0)) for p in pools.values()),
             clusters=tuple(_cluster(c) for c in clusters.values()),
             deployments=tuple(_deployment(d) for d in deployments.values()),
             current=current,
@@ -245,13 +252,44 @@ def apply_result(
     return info
 
 
-def replan(session: Session, reason: str, now: datetime | None = None) -> dict[str, Any] | None:
-    """One re-plan in the caller's transaction; None when another one holds the lock."""
+def held_gpus(session: Session) -> dict[str, int]:
+    """Pool id → GPUs of the instances procurement holds there (requested or running)."""
+    rows = session.execute(
+        select(m.Instance.pool_id, func.sum(m.Instance.gpus))
+        .where(m.Instance.state.in_(ACTIVE))
+        .group_by(m.Instance.pool_id)
+    ).all()
+    return {pool_id: int(gpus or 0) for pool_id, gpus in rows}
+
+
+def instance_gpus_wanted(world: World, result: engine.PlacementResult) -> dict[str, int]:
+    """Per pool (every pool), the GPUs the placement uses beyond the pool's declared `gpus`:
+    what procurement must hold as instances (and may release when it is less)."""
+    per_replica = {d.name: d.gpus_per_replica for d in world.input.deployments}
+    used: dict[str, int] = defaultdict(int)
+    for a in result.assignments:
+        used[a.pool] += a.replicas * per_replica[a.deployment]
+    return {row.id: max(0, used[name] - row.gpus) for name, row in world.pools.items()}
+
+
+@dataclass
+class Replanned:
+    summary: dict[str, Any]
+    actions: list[Any]
+    """Procurement to dispatch once the transaction has committed."""
+
+
+def replan(session: Session, reason: str, now: datetime | None = None) -> Replanned | None:
+    """One re-plan and its procurement decision in the caller's transaction; None when
+    another re-plan holds the lock."""
     if not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
         return None
+    now = now or _now()
     world = load_world(session, now)
     result = engine.place(world.input)
-    return apply_result(session, world, result, reason)
+    info = apply_result(session, world, result, reason)
+    actions = plan_procurement(session, instance_gpus_wanted(world, result), now)
+    return Replanned(info, actions)
 
 
 def current(session: Session) -> dict[str, Any]:
