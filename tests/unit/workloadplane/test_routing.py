@@ -8,7 +8,9 @@ from workloadplane.health import ReplicaHealth
 from workloadplane.routing import Candidate, HashRing, choose_replica
 
 
-def fleet(*loads: int, limit: int = 4, adapters: dict[int, set[str]] | None = None) -> list[Candidate]:
+def fleet(
+    *loads: int, limit: int = 4, adapters: dict[int, set[str]] | None = None
+) -> list[Candidate]:
     adapters = adapters or {}
     return [Candidate(f"r{i}", load, limit, frozenset(adapters.get(i, set())))
             for i, load in enumerate(loads)]  # fmt: skip
@@ -50,7 +52,9 @@ def test_same_prefix_sticks_to_one_replica_while_load_allows():
 def test_different_prefixes_spread_over_replicas():
     replicas = fleet(0, 0, 0, 0, limit=100)
     ring = HashRing(c.replica_id for c in replicas)
-    picks = Counter(choose_replica(replicas, affinity_key=f"prefix {i}", ring=ring) for i in range(400))
+    picks = Counter(
+        choose_replica(replicas, affinity_key=f"prefix {i}", ring=ring) for i in range(400)
+    )
     assert set(picks) == {"r0", "r1", "r2", "r3"}
     assert max(picks.values()) < 2 * min(picks.values())
 
