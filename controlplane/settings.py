@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     api_port: int = 8080
     api_workers: int = Field(default=2, ge=1, description="uvicorn worker processes")
     postgres_port: int = 5433
+    router_base_port: int = Field(
+        default=8100,
+        description="`up` serves demo cluster i's OpenAI-compatible router on base + i",
+    )
     nats_port: int = 4223
     redis_port: int = 6380
     dashboard_port: int = 8080

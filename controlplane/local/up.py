@@ -39,6 +39,8 @@ class Child:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     port: int | None = None
+    after_stop: Callable[[], None] | None = None
+    """Runs after the process stopped (e.g. stop the replicas an agent leaves for adoption)."""
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -75,6 +77,8 @@ class Child:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout_s)
         self.process = None
+        if self.after_stop is not None:
+            self.after_stop()
 
 
 def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
@@ -134,7 +138,8 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
         ),
         Child("bus", [py, "-m", "controlplane.cli", "bus"]),
     ]
-    for cluster, creds in sorted(agents.items()):
+    for i, (cluster, creds) in enumerate(sorted(agents.items())):
+        state = data / "agents" / cluster
         children.append(
             Child(
                 f"agent-{cluster}",
@@ -148,11 +153,50 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                     "--credentials-file",
                     str(creds),
                     "--state-dir",
-                    str(data / "agents" / cluster),
+                    str(state),
+                    "--runtime",
+                    "process",
+                    "--engine",
+                    "enginesim",
+                    "--engine-python",
+                    py,
+                    "--router-port",
+                    str(settings.router_base_port + i),
                 ],
+                port=settings.router_base_port + i,
+                after_stop=lambda state=state: stop_recorded_replicas(state / "runtime"),
             )
         )
     return children
+
+
+def stop_recorded_replicas(runtime_dir: Path, grace_s: float = 10.0) -> None:
+    """An agent leaves its replicas running for the next agent to adopt; `up` stopping for
+    good stops them too (SIGTERM to each replica's process group, SIGKILL after `grace_s`)."""
+    record = runtime_dir / "replicas.json"
+    if not record.exists():
+        return
+    pids = [int(r["pid"]) for r in json.loads(record.read_text()) if r.get("pid")]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while (
+            sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids)
+        ):
+            time.sleep(0.05)
+    record.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class DataDirLock:
@@ -327,6 +371,9 @@ class Fleet:
     def start_servers(self) -> None:
         s = self.settings
         wanted = {"api": s.api_port}
+        wanted |= {
+            f"router {i}": s.router_base_port + i for i in range(len(self.secrets.clusters()))
+        }
         if not s.database_url:
             wanted["postgres"] = s.postgres_port
         if not s.redis_url:
@@ -482,7 +529,7 @@ def run_up(
             say(f"loaded the demo fleet: {count} objects from {FLEET.relative_to(REPO)}")
         fleet.start_nats()
         fleet.start_processes()
-        _announce(settings, token, say, data)
+        _announce(settings, token, say, data, list(fleet.secrets.clusters()))
         last_status = 0.0
         while not stopping:
             now = time.monotonic()
@@ -516,12 +563,20 @@ def _login_cli(url: str, token: str) -> Path | None:
 
 
 def _announce(
-    settings: Settings, token: str | None, say: Callable[[str], None], data: Path
+    settings: Settings,
+    token: str | None,
+    say: Callable[[str], None],
+    data: Path,
+    clusters: list[str],
 ) -> None:
     url = f"http://{settings.api_host}:{settings.api_port}"
     say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
     say(f"  API        {url}/api/v1   (docs: {url}/api/v1/docs)")
     say("  dashboard  not built yet (see SCOPE.md)")
+    for i, cluster in enumerate(sorted(clusters)):
+        say(
+            f"  cluster {cluster:<9} OpenAI-compatible router http://127.0.0.1:{settings.router_base_port + i}/v1"
+        )
     if token:
         say(f"  admin token (shown once, keep it): {token}")
         saved = _login_cli(url, token)

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from openai import OpenAI
 
 from controlplane.local.postgres import free_port
 from controlplane.local.up import postgres_root
@@ -78,7 +79,7 @@ class Up:
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {name: free_port() for name in ("api", "postgres", "nats", "redis")}
+    return {name: free_port() for name in ("api", "postgres", "nats", "redis", "router_base")}
 
 
 @pytest.fixture
@@ -115,6 +116,14 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     assert shown.returncode == 0, shown.stderr
     assert all(name in shown.stdout for name in names)
     api.post("/api/v1/gpu-types", json={"name": "B200-192G", "memory_gib": 192}).raise_for_status()
+
+    # the demo fleet serves: placement → desired state → agent → engine-sim replicas → router
+    router = OpenAI(base_url=f"http://127.0.0.1:{ports['router_base'] + 2}/v1", api_key="none",
+                    timeout=120, max_retries=0)  # use1-a: the third cluster by name  # fmt: skip
+    answer = router.chat.completions.create(
+        model="triage-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    assert answer.choices[0].message.content
 
     second = Up(data_dir, {**ports, "api": free_port()})  # same data dir while the first runs
     assert second.proc.wait(60) == 1
