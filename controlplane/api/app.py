@@ -170,13 +170,11 @@ def create_app(
     app.add_exception_handler(IntegrityError, _on_integrity)
     app.add_exception_handler(Exception, _on_unexpected)
     app.include_router(_health_router())
-    api = APIRouter(prefix="/api/v1")
     for router in [
         *inventory_routers(),
         *observed_routers(),
         placement_router(),
         *(extra_routers or []),
     ]:
-        api.include_router(router)
-    app.include_router(api)
+        app.include_router(router, prefix="/api/v1")  # one level: nested routers match slower
     return app
