@@ -33,7 +33,7 @@ from controlplane.placement import (
     replan,
 )
 from controlplane.placement.constraints import compile_tables
-from controlplane.placement.lp import lower_bound, unplaced_optimum
+from controlplane.placement.lp import integral_cost_bound, lower_bound, unplaced_optimum
 
 LOCATIONS = [  # (location, jurisdiction, utc offset)
     ("us-west", "US", -8),
@@ -234,6 +234,7 @@ class Row:
     name: str
     secs: float
     gap: float
+    gap_int: float  # cost above the best proven bound (LP or MIP) at the same volume; nan: --quick
     unplaced: int
     greedy_secs: float
     greedy_gap: float
@@ -250,6 +251,15 @@ def _gap(objective: float, inp: PlacementInput, placed_gpus: int) -> float:
     return (objective / bound.cost - 1) * 100 if bound.cost > 0 else 0.0
 
 
+def _gap_integral(objective: float, inp: PlacementInput, placed_gpus: int) -> float:
+    """Cost above the best proven bound at the same placed volume, in percent: the LP bound
+    or the MIP's dual bound (whole replicas), whichever is higher; both are valid."""
+    lp = lower_bound(inp, placed_gpus=placed_gpus - 1e-6).cost
+    mip = integral_cost_bound(inp, placed_gpus - 1e-6, time_limit=10.0).cost
+    bound = max(lp, mip if math.isfinite(mip) else 0.0)
+    return (objective / bound - 1) * 100 if bound > 0 else 0.0
+
+
 def run_case(
     name: str, n_pools: int, n_deps: int, load: float, mip: bool
 ) -> tuple[Row, PlacementInput, PlacementResult]:
@@ -264,10 +274,12 @@ def run_case(
     if mip and unplaced_gpus(ours) > math.ceil(lp.unplaced_gpus - 1e-6):
         best = unplaced_optimum(inp, time_limit=15.0)
         opt, found = max(opt, best.unplaced_bound), best.unplaced_gpus
+    placed = demand - unplaced_gpus(ours)
     row = Row(
         name,
         secs,
-        _gap(ours.objective_per_hour, inp, demand - unplaced_gpus(ours)),
+        _gap(ours.objective_per_hour, inp, placed),
+        _gap_integral(ours.objective_per_hour, inp, placed) if mip else math.nan,
         unplaced_gpus(ours),
         g_secs,
         _gap(g_cost, inp, demand - g_unplaced),
@@ -299,14 +311,15 @@ def main() -> int:
         if n_deps == 2000 and load == 0.70:
             big = (inp, ours)
     print(
-        f"{'case':32} {'ours s':>7} {'cost vs LP':>10} {'unplaced':>8} | {'greedy s':>8} "
+        f"{'case':32} {'ours s':>7} {'cost vs LP':>10} {'vs MIP':>7} {'unplaced':>8} | {'greedy s':>8} "
         f"{'cost vs LP':>10} {'unplaced':>8} | {'LP unpl':>7} {'opt >=':>6} {'MIP <=':>6} "
         f"{'LP s':>5}"
     )
     for r in rows:
         found = f"{r.opt_found:6d}" if r.opt_found >= 0 else f"{'-':>6}"
         print(
-            f"{r.name:32} {r.secs:7.3f} {r.gap:+9.2f}% {r.unplaced:8d} | {r.greedy_secs:8.3f} "
+            f"{r.name:32} {r.secs:7.3f} {r.gap:+9.2f}% {r.gap_int:+6.2f}% {r.unplaced:8d} | "
+            f"{r.greedy_secs:8.3f} "
             f"{r.greedy_gap:+9.2f}% {r.greedy_unplaced:8d} | {r.lp_unplaced:7.1f} "
             f"{r.opt_bound:6d} {found} {r.lp_secs:5.1f}"
         )
@@ -317,19 +330,23 @@ def main() -> int:
     print(f"peak RSS of the whole bench process (engine, greedy, LP): {peak:.0f} MiB")
     full = rows[2]
     tight = rows[3]
-    worst_gap = max(r.gap for r in rows)
+    # the cost target is checked against the best proven bound at the same volume (LP, or the
+    # MIP's dual bound when it was run); the LP alone misses the integrality gap
+    worst_gap = max(r.gap if math.isnan(r.gap_int) else r.gap_int for r in rows)
+    worst_lp = max(r.gap for r in rows)
     # the optimum lies in [opt >=, MIP <=]; we ask for no more than the best known integral
     # placement of the relaxation (which ignores spread), or the bound when it is proven
     ceiling = [r.opt_found if r.opt_found >= 0 else r.opt_bound for r in rows]
     ok = (
-        full.secs <= 1.0
+        max(full.secs, tight.secs) <= 1.0
         and worst_gap <= 0.5
         and all(r.unplaced <= c for r, c in zip(rows, ceiling, strict=True))
         and inc <= 10.0
     )
     print(
-        f"placement: re-plan 10k replicas {full.secs:.2f} s (greedy {full.greedy_secs:.2f} s), "
-        f"cost {worst_gap:+.2f}% vs LP bound (greedy {full.greedy_gap:+.2f}%), unplaced at 92% "
+        f"placement: re-plan 10k replicas {full.secs:.2f}/{tight.secs:.2f} s at 70/92% "
+        f"(greedy {full.greedy_secs:.2f} s), cost {worst_gap:+.2f}% vs best bound "
+        f"({worst_lp:+.2f}% vs LP; greedy {full.greedy_gap:+.2f}%), unplaced at 92% "
         f"{tight.unplaced} vs optimum in [{tight.opt_bound}, {ceiling[3]}] "
         f"(greedy {tight.greedy_unplaced}), "
         f"incremental {inc:.1f} ms — targets <=1 s, <=0.5%, <=optimum, <=10 ms: "

@@ -1,15 +1,18 @@
 """HiGHS lower bounds for tests and benchmarks; never on the critical path.
 
 The model relaxes the engine's problem: deployments with the same shape (replica size,
-GPU types, jurisdiction/region/certification/spot policy, traffic) are merged into one
-class, spread rules and priorities are dropped (except that a deployment whose admissible
-pools span a single provider or region while its policy asks for two counts at most one
-replica), and the spot fraction is summed per class.
+GPU types, jurisdiction/region/certification/spot/spread policy, traffic) are merged into
+one class, priorities are dropped, the spot fraction is summed per class, and spread is
+kept as valid cuts only: a deployment whose admissible pools span a single provider or
+region while its policy asks for two counts at most one replica, and one provider (region)
+holds at most the class's summed `n - min(k, n) + 1` replicas (n placeable, k asked).
 Every engine placement is feasible for it, so its optimum bounds the engine from below:
   LP:  x >= 0 continuous -> `cost` (min effective $/hour) and `unplaced_gpus`, lexicographic
        (unplaced first, via a penalty far above any price).
   MIP: x integer, objective = unplaced GPUs only -> a bound (and best found) on how many
-       GPUs no placement can avoid leaving unplaced, within a time limit.
+       GPUs no placement can avoid leaving unplaced, within a time limit; or objective =
+       cost at a given placed volume -> HiGHS's dual bound, the LP bound plus (part of) the
+       integrality gap.
 highspy is imported lazily so the engine package never needs it.
 """
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement.model import PlacementInput
+from controlplane.placement.transport import silent_highs
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class _Model:
     pair_cost: np.ndarray
     pair_spot: np.ndarray
     cap: np.ndarray
+    spread_pairs: list[np.ndarray]  # per spread row: the pair indices it sums
+    spread_cap: list[float]  # per spread row: most replicas one provider (region) may hold
     forced: float  # GPUs the spread rules leave unplaced whatever the placement (see _placeable)
 
 
@@ -60,6 +66,13 @@ def _placeable(t: Tables, d: int, target: int) -> int:
     return target
 
 
+def _most_on_one(n: int, want: int) -> int:
+    """Most replicas of a deployment one provider (region) may hold when it may place at most
+    n and asks for `want` distinct ones: with m placed the biggest group holds at most
+    m - min(want, m) + 1, which never decreases with m, so m = n bounds every placement."""
+    return n - min(want, n) + 1
+
+
 def _classes(inp: PlacementInput) -> _Model:
     t = compile_tables(inp)
     forced = 0
@@ -67,6 +80,7 @@ def _classes(inp: PlacementInput) -> _Model:
     members: list[int] = []
     counts: list[int] = []
     spot_cap: list[int] = []
+    most: list[list[int]] = []  # per class: summed most replicas one provider, one region
     for d, dep in enumerate(inp.deployments):
         pol = dep.policy
         key = (
@@ -77,13 +91,19 @@ def _classes(inp: PlacementInput) -> _Model:
             pol.required_certifications,
             pol.spot_allowed and pol.max_spot_fraction > 0,
             tuple(sorted(dep.traffic.items())),
+            pol.min_distinct_providers,
+            pol.min_distinct_regions,
         )
         c = keys.setdefault(key, len(keys))
         if c == len(members):
             members.append(d)
             counts.append(0)
             spot_cap.append(0)
-        counts[c] += _placeable(t, d, dep.target_replicas)
+            most.append([0, 0])
+        n = _placeable(t, d, dep.target_replicas)
+        counts[c] += n
+        most[c][0] += _most_on_one(n, pol.min_distinct_providers)
+        most[c][1] += _most_on_one(n, pol.min_distinct_regions)
         forced += (
             dep.target_replicas - _placeable(t, d, dep.target_replicas)
         ) * dep.gpus_per_replica
@@ -96,15 +116,35 @@ def _classes(inp: PlacementInput) -> _Model:
         pp.append(idx)
         cost.append(t.cost(d)[idx] * inp.deployments[d].gpus_per_replica)
     pair_pool = np.concatenate(pp) if pp else np.zeros(0, dtype=np.int64)
+    pair_class = np.concatenate(pc) if pc else np.zeros(0, dtype=np.int64)
+    spread_pairs, spread_cap = [], []
+    for c, d in enumerate(members):
+        pol = inp.deployments[d].policy
+        for i, (want, key) in enumerate(
+            (
+                (pol.min_distinct_providers, t.pool_provider),
+                (pol.min_distinct_regions, t.pool_region),
+            )
+        ):
+            if want < 2:
+                continue
+            mine = np.flatnonzero(pair_class == c)
+            groups = key[pair_pool[mine]]
+            for g in np.unique(groups):
+                sel = mine[groups == g]
+                spread_pairs.append(sel)
+                spread_cap.append(float(most[c][i]))
     return _Model(
         sizes=np.array([inp.deployments[d].gpus_per_replica for d in members], dtype=float),
         counts=np.array(counts, dtype=float),
         spot_cap=np.array(spot_cap, dtype=float),
-        pair_class=np.concatenate(pc) if pc else np.zeros(0, dtype=np.int64),
+        pair_class=pair_class,
         pair_pool=pair_pool,
         pair_cost=np.concatenate(cost) if cost else np.zeros(0),
         pair_spot=t.is_spot[pair_pool],
         cap=t.cap.astype(float),
+        spread_pairs=spread_pairs,
+        spread_cap=spread_cap,
         forced=float(forced),
     )
 
@@ -131,7 +171,13 @@ def _solve(
     cols.append(n_x + np.arange(n_c))
     vals.append(np.ones(n_c))
     n_rows = 2 * n_c + n_p
-    if placed_gpus is not None and not integer:  # volume row: placed GPUs >= placed_gpus
+    for sel in m.spread_pairs:  # spread: one provider (region) holds at most `spread_cap`
+        rows.append(np.full(len(sel), n_rows))
+        cols.append(sel)
+        vals.append(np.ones(len(sel)))
+        n_rows += 1
+    n_base = n_rows
+    if placed_gpus is not None:  # volume row: placed GPUs >= placed_gpus
         rows.append(np.full(n_x, n_rows))
         cols.append(j)
         vals.append(m.sizes[m.pair_class])
@@ -141,10 +187,10 @@ def _solve(
     r, c, v = r[order], c[order], v[order]
     n_cols = n_x + n_c
     starts = np.searchsorted(c, np.arange(n_cols + 1))
-    if integer:
-        obj = np.concatenate([np.zeros(n_x), m.sizes])
-    elif placed_gpus is not None:  # min cost of placing at least `placed_gpus` GPUs
+    if placed_gpus is not None:  # min cost of placing at least `placed_gpus` GPUs
         obj = np.concatenate([m.pair_cost, np.zeros(n_c)])
+    elif integer:
+        obj = np.concatenate([np.zeros(n_x), m.sizes])
     else:
         obj = np.concatenate([m.pair_cost, penalty * m.sizes])
     lp = highspy.HighsLp()
@@ -154,9 +200,10 @@ def _solve(
     # a pool holds at most floor(capacity / size) replicas of a class (valid for integers)
     fits = np.floor(m.cap[m.pair_pool] / m.sizes[m.pair_class])
     lp.col_upper_ = np.concatenate([fits, np.full(n_c, highspy.kHighsInf)])
-    lower = [m.counts, np.full(n_p + n_c, -highspy.kHighsInf)]
-    upper = [m.counts, m.cap, m.spot_cap]
-    if n_rows > 2 * n_c + n_p:
+    n_spread = len(m.spread_cap)
+    lower = [m.counts, np.full(n_p + n_c + n_spread, -highspy.kHighsInf)]
+    upper = [m.counts, m.cap, m.spot_cap, np.array(m.spread_cap)]
+    if n_rows > n_base:
         lower.append(np.array([float(placed_gpus or 0.0)]))
         upper.append(np.array([highspy.kHighsInf]))
     lp.row_lower_ = np.concatenate(lower)
@@ -167,15 +214,17 @@ def _solve(
     lp.a_matrix_.value_ = v
     if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * n_cols
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = silent_highs()
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", 1e-4)
     h.passModel(lp)
     h.run()
     x = np.array(h.getSolution().col_value)
     unplaced = float((x[n_x:] * m.sizes).sum())
     cost = float((x[:n_x] * m.pair_cost).sum())
+    if integer and placed_gpus is not None:  # a bound on the cost at that volume
+        return cost, unplaced, float(h.getInfo().mip_dual_bound), float(h.getRunTime())
     bound = h.getInfo().mip_dual_bound if integer else unplaced
     return cost, unplaced + m.forced, float(bound) + m.forced, float(h.getRunTime())
 
@@ -192,6 +241,18 @@ def lower_bound(
     m = _classes(inp)
     cost, unplaced, bound, secs = _solve(m, False, time_limit, placed_gpus)
     return Bound(cost, unplaced, bound - 1e-6, secs, len(m.counts), len(m.pair_pool))
+
+
+def integral_cost_bound(inp: PlacementInput, placed_gpus: float, time_limit: float = 15.0) -> Bound:
+    """MIP: min effective cost of placing at least `placed_gpus` GPUs in whole replicas.
+
+    `cost` is a proven lower bound (HiGHS's dual bound, valid when stopped by the time
+    limit too); it is above the LP bound by the integrality gap: a pool shared by several
+    replica sizes cannot be split fractionally. `unplaced_gpus` is unused (nan).
+    """
+    m = _classes(inp)
+    _, _, bound, secs = _solve(m, True, time_limit, placed_gpus)
+    return Bound(bound, math.nan, math.nan, secs, len(m.counts), len(m.pair_pool))
 
 
 def unplaced_optimum(inp: PlacementInput, time_limit: float = 20.0) -> Bound:

@@ -33,6 +33,9 @@ class Plan:
     touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
     quota: dict[int, np.ndarray] = field(default_factory=dict)  # replicas per pool, by flow
     reserved: np.ndarray | None = None  # GPUs per pool still promised to quotas
+    # shapes (size, admissible pools, spot budget left, priority) for which repair found
+    # no room: later deployments of the same shape skip the search (room only shrinks)
+    no_room: set[tuple[int, int, bool, int]] = field(default_factory=set)
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
     # previous plan until first written; these sets hold the ones already copied
     shared: bool = False
@@ -140,7 +143,7 @@ def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
     return np.where(ok, t.cost(d), INF)
 
 
-def _spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str | None]:
+def spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str | None]:
     """Restrict to pools that add a needed provider/region; returns (costs, unmet need)."""
     t = plan.t
     target = t.inp.deployments[d].target_replicas
@@ -171,7 +174,7 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False) -> int:
     placed = 0
     while placed < k:
         cost = candidates(plan, d)
-        cost, unmet = _spread_filter(plan, d, cost)
+        cost, unmet = spread_filter(plan, d, cost)
         free = free_for(plan, d)
         quota = plan.quota.get(d)
         if only_quota:

@@ -17,7 +17,16 @@ import math
 
 import numpy as np
 
-from controlplane.placement.packing import INF, Plan, candidates, fill, spread_ok
+from controlplane.placement.packing import (
+    INF,
+    Plan,
+    candidates,
+    fill,
+    spread_filter,
+    spread_ok,
+)
+
+SPREAD = ("min_distinct_providers", "min_distinct_regions")
 
 MAX_ROOM_POOLS = 24  # pools examined per stuck replica, cheapest first
 MAX_TARGETS = 4  # target pools tried per moved replica
@@ -69,12 +78,19 @@ def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, i
     return None
 
 
+def _room_mask(plan: Plan, d: int) -> np.ndarray:
+    """Pools where one more replica of d may go: admissible, and adding a provider/region
+    while d spans fewer than its policy asks."""
+    cost, _unmet = spread_filter(plan, d, np.zeros(len(plan.t.pool_ids)))
+    return plan.t.compat(d) & np.isfinite(cost)
+
+
 def make_room(plan: Plan, d: int) -> bool:
     """Free a compatible pool for one more replica of d by moving others; True if done."""
     t = plan.t
     s = plan.size(d)
     free = t.cap - plan.used
-    ok = t.compat(d) & (free < s) & (t.cap >= s)
+    ok = _room_mask(plan, d) & (free < s) & (t.cap >= s)
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot
     cost = np.where(ok, t.cost(d), INF)
@@ -90,13 +106,21 @@ def make_room(plan: Plan, d: int) -> bool:
 def place_hard(plan: Plan, d: int, k: int) -> int:
     """fill(), then make room for what is left, then displace lower priority; returns placed."""
     placed = fill(plan, d, k)
-    while placed < k and plan.blocked.get(d) == "capacity":
-        if make_room(plan, d) or displace(plan, d):
+    dep = plan.t.inp.deployments[d]
+    while placed < k and (plan.blocked.get(d) == "capacity" or plan.blocked.get(d) in SPREAD):
+        shape = (dep.gpus_per_replica, id(plan.t.compat(d)), plan.spot_budget(d) > 0, dep.priority)
+        by_capacity = plan.blocked.get(d) == "capacity"
+        if by_capacity and shape in plan.no_room:
+            break
+        # a spread-blocked deployment may move others aside, never displace them
+        if make_room(plan, d) or (by_capacity and displace(plan, d)):
             got = fill(plan, d, 1)
             if got == 0:
                 break
             placed += got
         else:
+            if by_capacity:
+                plan.no_room.add(shape)
             break
     return placed
 

@@ -18,6 +18,7 @@ Returns None when HiGHS is missing or does not finish; the caller then fills gre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,20 @@ def _initial_columns(pr: Problem, upper: np.ndarray) -> np.ndarray:
     return chosen
 
 
+def silent_highs() -> Any:
+    """A HiGHS solver that prints nothing.
+
+    highspy's `Highs()` wrapper installs a log callback in its constructor, which prints
+    the banner to stdout before any option can be set; the core class it wraps does not,
+    so output is switched off before anything can be logged.
+    """
+    from highspy._core import _Highs
+
+    h = _Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 class _Model:
     """The HiGHS model; rows: classes, then pools, then per-class spot rows."""
 
@@ -75,8 +90,7 @@ class _Model:
         self.n_c, self.n_p = pr.cost.shape
         self.cols_c = np.zeros(0, dtype=np.int64)
         self.cols_p = np.zeros(0, dtype=np.int64)
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = silent_highs()
         h.setOptionValue("threads", 1)
         h.setOptionValue("presolve", "off")
         h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)

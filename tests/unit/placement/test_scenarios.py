@@ -149,3 +149,25 @@ def test_cost_per_hour_counts_list_prices():
 def test_bad_input_says_what_to_fix():
     with pytest.raises(PlacementInputError, match="unknown region"):
         place(make_input([make_pool("p", region="nowhere")], []))
+
+
+def test_second_provider_is_freed_by_moving_a_flexible_deployment():
+    aws = make_pool("aws-h100", capacity=16, price=2.0)
+    gcp = make_pool("gcp-h100", provider="gcp", region="gcp:us-central1", capacity=8, price=0.5)
+    aws_dear = make_pool("aws-h100-dear", capacity=8, price=2.5)
+    flexible = make_deployment("flex", gpus=8, replicas=1, priority=1)
+    spread = make_deployment("ha-chat", gpus=8, replicas=2, min_distinct_providers=2)
+
+    result = place(make_input([aws, gcp, aws_dear], [flexible, spread]))
+
+    assert result.unplaced == ()
+    assert replicas_by_pool(result, "ha-chat") == {"aws-h100": 1, "gcp-h100": 1}
+    assert replicas_by_pool(result, "flex") == {"aws-h100": 1}
+
+
+def test_the_engine_prints_nothing(capfd):
+    pools = [make_pool("a", capacity=16), make_pool("b", capacity=16, gpus_per_instance=4)]
+    deps = [make_deployment("x", gpus=8, replicas=1), make_deployment("y", gpus=4, replicas=3)]
+    place(make_input(pools, deps))
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
