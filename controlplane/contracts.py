@@ -146,12 +146,26 @@ class ReplicaQuota(Model):
         return value
 
 
+class ScheduleWindow(Model):
+    """Raise min replicas to ``min_replicas`` on ``days`` (0 = Monday) from ``start`` to
+    ``end`` ("HH:MM", local time in ``timezone``); ``end <= start`` spans midnight."""
+
+    days: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4])
+    start: str
+    end: str
+    timezone: str = "UTC"
+    min_replicas: int = Field(default=0, ge=0)
+
+
 class AutoscalingPolicy(Model):
     window_seconds: float = Field(default=60.0, gt=0)
     scale_down_delay_seconds: float = Field(default=300.0, ge=0)
     target_concurrency: float = Field(default=8.0, gt=0)
     scale_to_zero_idle_seconds: float | None = Field(
         default=None, description="None: never scale to zero"
+    )
+    schedule: list[ScheduleWindow] = Field(
+        default_factory=list, description="predictive pre-scaling: min replicas by time of day"
     )
 
 

@@ -6,6 +6,7 @@ process publishes a full snapshot at that generation (newest wins on the agent s
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -18,6 +19,7 @@ from controlplane.contracts import (
     DesiredState,
     ReplicaQuota,
     RevisionSpec,
+    ScheduleWindow,
 )
 from controlplane.db.models import Cluster, Deployment, Placement, Pool
 
@@ -98,5 +100,16 @@ def _deployment_desired(
             scale_down_delay_seconds=policy.get("scale_down_delay_s", 300.0),
             target_concurrency=policy.get("concurrency_target", 16),
             scale_to_zero_idle_seconds=idle if policy.get("min_replicas", 1) == 0 else None,
+            schedule=_schedule(policy, here / global_replicas if global_replicas else 1.0),
         ),
     )
+
+
+def _schedule(policy: dict, share: float) -> list[ScheduleWindow]:
+    """The deployment's schedule, each window's min split by this cluster's share of it."""
+    return [
+        ScheduleWindow.model_validate(
+            {**w, "min_replicas": math.ceil(w.get("min_replicas", 0) * share - 1e-9)}
+        )
+        for w in policy.get("schedule") or []
+    ]
