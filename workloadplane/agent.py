@@ -1,8 +1,9 @@
 """Workload-plane agent: the composition root (``gpufleet agent --cluster NAME``).
 
-Wires the bus, the on-disk desired state, the pure reconcile and a Runtime. Loops:
-reconcile (on every newer desired generation and every ``reconcile_interval``), heartbeat
-(every ``heartbeat_interval``). NATS or the control plane being unreachable never stops
+Wires the bus, the on-disk desired state, the pure reconcile, a Runtime and (with a router)
+the local autoscaler. Loops: reconcile (on every newer desired generation and every
+``reconcile_interval``), heartbeat (every ``heartbeat_interval``), autoscale (every
+``autoscale_interval`` and at once when a request waits for a deployment at zero). NATS or the control plane being unreachable never stops
 it: it keeps reconciling against the last snapshot it persisted (static stability).
 """
 
@@ -15,11 +16,12 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from pathlib import Path
 
 from controlplane.contracts import (
+    CapacityExhausted,
     DeploymentObserved,
     DesiredState,
     DesiredStateApplied,
@@ -34,6 +36,8 @@ from controlplane.contracts import (
     cluster_user,
     utcnow,
 )
+from workloadplane.autoscaler_loop import Autoscaler
+from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
 from workloadplane.reconcile import (
     DrainReplica,
@@ -74,10 +78,19 @@ class Agent:
         self.desired: DesiredState | None = store.load()
         self.applied_generation = 0
         self.wanted: dict[str, int] = {}
-        """Replica counts the local autoscaler wants, per deployment (may exceed max)."""
+        """Replica counts the local autoscaler wants, per deployment (reconcile clamps them
+        into the quota)."""
+        self.autoscaler: Autoscaler | None = None
+        """Runs with a router only: without one there is no load to scale on."""
+        if router is not None:
+            self.autoscaler = Autoscaler(router, clock)
+            router.on_queued_at_zero = self.autoscaler.wake
         self.bus: AgentBus | None = None
         self._known: dict[str, ReplicaState] | None = None
         self._lock = asyncio.Lock()
+        self._act_lock = asyncio.Lock()
+        """Held from listing replicas to acting on them (reconcile, autoscale): neither acts
+        on a list the other has just made stale."""
         self._wake = asyncio.Event()
         self._sync_task: asyncio.Task[None] | None = None
         self._unsynced = False
@@ -125,24 +138,16 @@ class Agent:
         """List replicas, report transitions, carry out reconcile's actions, acknowledge."""
         async with self._lock:
             desired = self.desired
-        replicas = await self.runtime.list_replicas()
-        self._report_transitions(replicas)
-        if self.router is not None:
-            if desired is not None:
-                self.router.set_deployments(desired.deployments)
-            self.router.set_replicas(replicas)
-        if desired is None:
-            return  # never told anything: touch nothing
-        for action in reconcile(desired, replicas, self.wanted):
-            try:
-                if isinstance(action, StartReplica):
-                    await self.runtime.start(action.deployment, action.spec)
-                elif isinstance(action, DrainReplica):
-                    await self.runtime.drain(action.replica_id)
-                elif isinstance(action, StopReplica):
-                    await self.runtime.stop(action.replica_id)
-            except Exception:
-                log.exception("runtime failed on %s; retrying next pass", action)
+        async with self._act_lock:
+            replicas = await self.runtime.list_replicas()
+            self._report_transitions(replicas)
+            if self.router is not None:
+                if desired is not None:
+                    self.router.set_deployments(desired.deployments)
+                self.router.set_replicas(replicas)
+            if desired is None:
+                return  # never told anything: touch nothing
+            await self._carry_out(reconcile(desired, replicas, self.wanted))
         if desired.generation > self.applied_generation:
             self.applied_generation = desired.generation
             self._emit(
@@ -151,6 +156,93 @@ class Agent:
                     generation=desired.generation,
                 )
             )  # fmt: skip
+
+    async def _carry_out(self, actions: list[StartReplica | StopReplica | DrainReplica]) -> None:
+        started = False
+        for action in actions:
+            try:
+                if isinstance(action, StartReplica):
+                    await self.runtime.start(action.deployment, action.spec)
+                    started = True
+                elif isinstance(action, DrainReplica):
+                    await self.runtime.drain(action.replica_id)
+                elif isinstance(action, StopReplica):
+                    await self.runtime.stop(action.replica_id)
+            except Exception:
+                log.exception("runtime failed on %s; retrying next pass", action)
+        if started and self.router is not None:
+            # the router sees the starting replica at once: requests arriving now wait for
+            # it instead of waking the autoscaler again
+            self.router.set_replicas(await self.runtime.list_replicas())
+
+    async def autoscale_once(self, only: Collection[str] | None = None) -> None:
+        """Run the policy for each desired deployment (or those in ``only``) and carry the
+        decisions out: drain the replicas a scale-down names, then set ``wanted``."""
+        if self.autoscaler is None or self.desired is None:
+            return
+        desired = self.desired
+        changed = False
+        async with self._act_lock:
+            replicas = await self.runtime.list_replicas()
+            now = self.clock()
+            self.autoscaler.forget({d.name for d in desired.deployments},
+                                   {r.replica_id for r in replicas})  # fmt: skip
+            for d in desired.deployments:
+                if only is not None and d.name not in only:
+                    continue
+                decision = self.autoscaler.decide(d, replicas, now)
+                if decision is not None:
+                    changed |= await self._apply_decision(d.name, decision)
+        if changed:
+            self._wake.set()  # reconcile starts the replicas now
+
+    async def _apply_decision(self, name: str, decision: Decision) -> bool:
+        """Drains first, then ``wanted``: reconcile then finds the count already right and
+        removes no other replica. True when ``wanted`` changed."""
+        if decision.action is ScaleAction.SCALE_DOWN:
+            for replica_id in decision.drain:
+                try:
+                    await self.runtime.drain(replica_id)  # a starting one is stopped
+                except Exception:
+                    log.exception("draining %s failed; reconcile retries", replica_id)
+        # HOLD while failed starts back off: start nothing until the backoff ends
+        wanted = (decision.current_replicas if decision.action is ScaleAction.HOLD
+                  else decision.desired_replicas)  # fmt: skip
+        before, self.wanted[name] = self.wanted.get(name), wanted
+        assert self.autoscaler is not None
+        if self.autoscaler.newly_beyond_max(name):
+            self._emit(
+                CapacityExhausted(cluster=self.cluster, source=self.source, time=self.clock(),
+                                  deployment=name, wanted=decision.unconstrained_desired,
+                                  reason=f"autoscaler: {decision.reason}")
+            )  # fmt: skip
+        return before != wanted
+
+    async def autoscale_loop(self, interval: float = 1.0) -> None:
+        """Decide every ``interval`` seconds (a fixed cadence, not interval after the work),
+        and at once for a deployment the router woke; scrape the vLLM gauges meanwhile."""
+        if self.autoscaler is None:
+            return
+        loop = asyncio.get_running_loop()
+        scraper = asyncio.create_task(self.autoscaler.scrape_loop(interval), name="agent-gauges")
+        next_tick = loop.time()
+        try:
+            while True:
+                woken = await self.autoscaler.woken(next_tick - loop.time())
+                only: set[str] | None = woken
+                if loop.time() >= next_tick:
+                    only = None
+                    next_tick += interval
+                    if next_tick <= loop.time():  # fell behind: no burst of catch-up ticks
+                        next_tick = loop.time() + interval
+                try:
+                    await self.autoscale_once(only)
+                except Exception:
+                    log.exception("autoscale pass failed; retrying")
+        finally:
+            scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scraper
 
     def replicas_changed(self, replicas: list[ReplicaStatus] | None = None) -> None:
         """A runtime saw a replica change state: the router follows at once (a draining
@@ -174,8 +266,10 @@ class Agent:
         deployments = []
         if self.desired is not None:
             for d in self.desired.deployments:
-                wish = self.wanted.get(d.name)
-                demand = wish if wish is not None else target_replicas(d, None)
+                demand = self.autoscaler.demand(d.name) if self.autoscaler else None
+                if demand is None:
+                    wish = self.wanted.get(d.name)
+                    demand = wish if wish is not None else target_replicas(d, None)
                 in_flight, queued = self.router.load(d.name) if self.router else (0, 0)
                 deployments.append(DeploymentObserved(name=d.name, demand=demand,
                                                       in_flight=in_flight, queue_depth=queued))  # fmt: skip
@@ -215,6 +309,7 @@ async def serve(
     resync_interval: float = 30.0,
     stop: asyncio.Event | None = None,
     router_address: tuple[str, int] | None = None,
+    autoscale_interval: float = 1.0,
 ) -> None:
     """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None);
     with ``router_address`` (and ``agent.router``) also serve the plane's router there."""
@@ -222,10 +317,12 @@ async def serve(
                    resync_interval=resync_interval)  # fmt: skip
     agent.bus = bus
     await bus.start()
-    tasks = [
+    loops = [
         asyncio.create_task(agent.reconcile_loop(reconcile_interval), name="agent-reconcile"),
         asyncio.create_task(agent.heartbeat_loop(heartbeat_interval), name="agent-heartbeat"),
+        asyncio.create_task(agent.autoscale_loop(autoscale_interval), name="agent-autoscale"),
     ]
+    tasks = list(loops)
     router_stop = asyncio.Event()
     if agent.router is not None and router_address is not None:
         from workloadplane.router.server import serve_router
@@ -237,7 +334,7 @@ async def serve(
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
         router_stop.set()
-        for task in tasks[:2]:
+        for task in loops:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):

@@ -106,6 +106,12 @@ class Ticket:
     """Aborts the request's upstream exchange (set while one is in progress)."""
 
 
+def concurrency_limit(spec: DeploymentDesired, config: RouterConfig) -> int:
+    """Requests one replica of ``spec`` gets at once: its ``autoscaling.target_concurrency``
+    (or the config's override). The autoscaler divides load by this same number."""
+    return config.concurrency_override or max(1, round(spec.autoscaling.target_concurrency))
+
+
 class DeploymentEntry:
     def __init__(self, spec: DeploymentDesired, config: RouterConfig) -> None:
         self.queue: AdmissionQueue[Ticket] = AdmissionQueue(
@@ -122,9 +128,7 @@ class DeploymentEntry:
         self.name = spec.name
         self.model_id = spec.spec.model_id
         self.max_replicas = spec.quota.max
-        self.limit = config.concurrency_override or max(
-            1, round(spec.autoscaling.target_concurrency)
-        )
+        self.limit = concurrency_limit(spec, config)
 
     def in_flight(self) -> int:
         return sum(b.outstanding for b in self.backends.values())
@@ -141,6 +145,9 @@ class Router:
         self._tiebreak = itertools.count()
         self.on_eject: Callable[[Backend, str], None] | None = None
         self.on_retry: Callable[[str, str], None] | None = None
+        self.on_queued_at_zero: Callable[[str], None] | None = None
+        """Called with the deployment's name when a request is queued while it has no ready
+        or starting replica: the autoscaler scales from zero at once, not at its next tick."""
         self._probe_task: asyncio.Task[None] | None = None
 
     # --- feeding -------------------------------------------------------------------------
@@ -277,6 +284,10 @@ class Router:
             if not offer.accepted:
                 raise QueueFullError(entry.queue.retry_after_s(self._drain_rate(entry)))
             ticket.entry = offer.entry
+            if self.on_queued_at_zero is not None and not any(
+                b.state in ("ready", "starting") for b in entry.backends.values()
+            ):
+                self.on_queued_at_zero(entry.name)
             if offer.shed is not None and offer.shed.item.future is not None:
                 shed = offer.shed.item.future
                 if not shed.done():

@@ -1,0 +1,225 @@
+"""The agent's autoscale pass without processes or NATS: a Runtime double, a real Router fed
+by hand (slots taken and requests queued without any network), and an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from controlplane.contracts import (
+    AutoscalingPolicy,
+    CapacityExhausted,
+    DeploymentDesired,
+    ReplicaQuota,
+    ReplicaStatus,
+    RevisionSpec,
+    ScheduleWindow,
+)
+from tests.unit.workloadplane.builders import RecordingRuntime, make_desired
+from tests.unit.workloadplane.test_agent import FactsBus
+from workloadplane.agent import Agent
+from workloadplane.autoscaler_loop import Gauges
+from workloadplane.autoscaling import ScaleAction
+from workloadplane.router.core import Router, RouterConfig, Ticket
+from workloadplane.state import DesiredStateStore
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+MONDAY_NOON = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self, now: datetime = MONDAY_NOON) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class EndpointRuntime(RecordingRuntime):
+    """RecordingRuntime whose replicas have endpoints, so the router tracks them."""
+
+    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+        replica = await super().start(deployment, spec)
+        port = 20000 + len(self.replicas)
+        self.replicas[replica.replica_id] = replica.model_copy(
+            update={"endpoint": f"http://127.0.0.1:{port}"}
+        )
+        return self.replicas[replica.replica_id]
+
+
+def make_deployment(min_: int = 1, max_: int = 4, *, target: float = 4, window: float = 10,
+                    delay: float = 10, idle: float | None = None,
+                    schedule: list[ScheduleWindow] | None = None) -> DeploymentDesired:  # fmt: skip
+    return DeploymentDesired(
+        name="chat",
+        spec=RevisionSpec(model_id="org/chat", revision="r1"),
+        quota=ReplicaQuota(min=min_, max=max_),
+        autoscaling=AutoscalingPolicy(
+            window_seconds=window,
+            scale_down_delay_seconds=delay,
+            target_concurrency=target,
+            scale_to_zero_idle_seconds=idle,
+            schedule=schedule or [],
+        ),
+    )
+
+
+async def make_plane(tmp_path: Path, deployment: DeploymentDesired,
+                     config: RouterConfig | None = None) -> tuple[Agent, EndpointRuntime, Clock, FactsBus]:  # fmt: skip
+    runtime, clock, bus = EndpointRuntime(), Clock(), FactsBus()
+    agent = Agent("a", runtime, DesiredStateStore(tmp_path, fsync=False), clock=clock,
+                  router=Router(config or RouterConfig()))  # fmt: skip
+    agent.bus = bus  # type: ignore[assignment]
+    await agent.on_desired(make_desired(1, deployment))
+    return agent, runtime, clock, bus
+
+
+async def settle(agent: Agent, runtime: EndpointRuntime) -> None:
+    """One reconcile pass, its replicas made ready, and the router told."""
+    await agent.reconcile_once()
+    runtime.make_ready()
+    await agent.reconcile_once()
+
+
+def take_slots(router: Router, n: int) -> list[Ticket]:
+    """``n`` requests in flight on the ready replicas (least loaded first)."""
+    entry = router.deployments["chat"]
+    tickets = [Ticket(tier=1) for _ in range(n)]
+    for ticket in tickets:
+        assert router.try_acquire(entry, ticket) is not None, "no free slot"
+    return tickets
+
+
+def queue(router: Router, n: int) -> list[asyncio.Task]:
+    entry = router.deployments["chat"]
+    return [asyncio.create_task(router.acquire(entry, Ticket(tier=1))) for _ in range(n)]
+
+
+async def tick(agent: Agent, clock: Clock, ticks: int = 1) -> None:
+    for _ in range(ticks):
+        clock.advance(1)
+        await agent.autoscale_once()
+
+
+async def test_a_3x_load_step_scales_up_within_two_ticks(tmp_path: Path):
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment(max_=4))
+    await settle(agent, runtime)
+    router = agent.router
+    assert router is not None
+    take_slots(router, 4)  # at the target: one replica's worth
+    await tick(agent, clock, 12)
+    assert agent.wanted["chat"] == 1
+    waiting = queue(router, 8)  # 3x: 4 in flight + 8 queued
+    await asyncio.sleep(0)
+    await tick(agent, clock, 2)
+    assert agent.wanted["chat"] == 3
+    event = agent.autoscaler.events[-1]  # type: ignore[union-attr]
+    assert event.action is ScaleAction.SCALE_UP and event.panic and event.to_replicas == 3
+    await agent.reconcile_once()
+    assert [c for c, _ in runtime.calls].count("start") == 3
+    for task in waiting:
+        task.cancel()
+
+
+async def test_scale_down_drains_the_replicas_the_decision_names(tmp_path: Path):
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment(min_=1, max_=3))
+    agent.wanted["chat"] = 3
+    await settle(agent, runtime)
+    router = agent.router
+    assert router is not None
+    busy = take_slots(router, 1)  # one replica has a request in flight
+    busy_replica = next(b.replica_id for b in router.backends.values() if b.outstanding)
+    await tick(agent, clock, 25)  # a full window, then the scale-down delay
+    (down,) = [e for e in agent.autoscaler.events if e.action is ScaleAction.SCALE_DOWN]  # type: ignore[union-attr]
+    assert (down.from_replicas, down.to_replicas) == (3, 1)
+    assert busy_replica not in down.drain and len(down.drain) == 2
+    drained = [rid for call, rid in runtime.calls if call == "drain"]
+    assert drained == list(down.drain)  # exactly the named ones...
+    await agent.reconcile_once()
+    assert [rid for call, rid in runtime.calls if call in ("drain", "stop")] == drained  # ...only
+    assert agent.wanted["chat"] == 1 and busy
+
+
+async def test_a_request_at_zero_wakes_the_autoscaler(tmp_path: Path):
+    deployment = make_deployment(min_=0, max_=2, idle=30)
+    agent, runtime, clock, _ = await make_plane(tmp_path, deployment)
+    await agent.reconcile_once()
+    await tick(agent, clock, 3)
+    assert agent.wanted["chat"] == 0 and runtime.replicas == {}
+    autoscaler, router = agent.autoscaler, agent.router
+    assert autoscaler is not None and router is not None
+    waiting = queue(router, 1)
+    await asyncio.sleep(0)
+    woken = await autoscaler.woken(timeout=0)  # set already: no wait for the tick
+    assert woken == {"chat"}
+    await agent.autoscale_once(woken)
+    assert agent.wanted["chat"] == 1
+    await agent.reconcile_once()  # starts it; the router sees it starting at once
+    assert [b.state for b in router.backends.values()] == ["starting"]
+    queue(router, 1)
+    await asyncio.sleep(0)
+    assert await autoscaler.woken(timeout=0) == set()  # starting: no second wake
+    runtime.make_ready()
+    await agent.reconcile_once()
+    backend = await asyncio.wait_for(waiting[0], 1)  # the held request goes to it
+    assert backend.state == "ready"
+
+
+async def test_demand_beyond_max_is_reported_upward_once(tmp_path: Path):
+    agent, runtime, clock, bus = await make_plane(tmp_path, make_deployment(min_=1, max_=1))
+    await settle(agent, runtime)
+    router = agent.router
+    assert router is not None
+    take_slots(router, 4)
+    waiting = queue(router, 20)  # 24 requests: 6 replicas' worth, max 1
+    await asyncio.sleep(0)
+    await tick(agent, clock, 3)
+    observed = await agent.observed_state()
+    assert observed.deployments[0].demand == 6 and agent.wanted["chat"] == 1
+    facts = [f for f in bus.facts if isinstance(f, CapacityExhausted)]
+    assert len(facts) == 1 and facts[0].deployment == "chat" and facts[0].wanted == 6
+    assert "beyond max 1" in facts[0].reason
+    for task in waiting:
+        task.cancel()
+
+
+async def test_policy_target_is_the_routers_per_replica_limit(tmp_path: Path):
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment(target=2.6))
+    await settle(agent, runtime)
+    router = agent.router
+    assert router is not None and router.deployments["chat"].limit == 3
+    take_slots(router, 3)  # a 4th would exceed the router's limit
+    assert router.try_acquire(router.deployments["chat"], Ticket(tier=1)) is None
+    await tick(agent, clock, 12)
+    assert agent.wanted["chat"] == 1  # 3 in flight / target 3: one replica, not two
+
+
+async def test_a_schedule_window_raises_min_in_its_time_zone(tmp_path: Path):
+    window = ScheduleWindow(days=[0], start="12:30", end="14:00", timezone="Europe/Paris",
+                            min_replicas=3)  # fmt: skip
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment(schedule=[window]))
+    await settle(agent, runtime)
+    await tick(agent, clock)  # 13:01 in Paris, Monday
+    assert agent.wanted["chat"] == 3
+    event = agent.autoscaler.events[-1]  # type: ignore[union-attr]
+    assert "min replicas 3" in event.reason
+
+
+async def test_vllm_gauges_raise_the_count(tmp_path: Path):
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment())
+    await settle(agent, runtime)
+    autoscaler = agent.autoscaler
+    assert autoscaler is not None
+    (rid,) = runtime.replicas
+    autoscaler.gauges[rid] = (clock.now + timedelta(seconds=1), Gauges(num_requests_waiting=8))
+    await tick(agent, clock)
+    assert agent.wanted["chat"] == 3  # ready 1 + 8 waiting / target 4
+    autoscaler.gauges[rid] = (clock.now - timedelta(seconds=10), Gauges(9, 1.0))  # stale
+    (signal,) = autoscaler.signals("chat", await runtime.list_replicas(), clock.now).replicas
+    assert (signal.num_requests_waiting, signal.kv_cache_usage_perc) == (0, 0)

@@ -1,0 +1,261 @@
+"""The agent's autoscaler around the pure policy (``autoscaling.decide``).
+
+Per deployment and tick: the router's load (in flight per replica, queued) and the replicas'
+vLLM gauges in, a ``Decision`` out, the policy's ``State`` kept here between ticks. It only
+decides; the agent carries decisions out (drains, ``wanted``). It never reads the clock for a
+decision: ``now`` is passed in. The gauges (``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``) are scraped in the background, so a slow replica never delays
+a decision; gauges older than three scrape intervals are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, time
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from controlplane.contracts import DeploymentDesired, ReplicaState, ReplicaStatus, ScheduleWindow
+from workloadplane.autoscaling import (
+    Decision,
+    Policy,
+    ReplicaSignal,
+    ScaleAction,
+    ScheduleRule,
+    Signals,
+    State,
+    decide,
+)
+from workloadplane.router.core import Backend, Router, concurrency_limit
+from workloadplane.router.upstream import UpstreamError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleEvent:
+    """A decision that changed something: what the agent logs and keeps for inspection."""
+
+    time: datetime
+    deployment: str
+    action: ScaleAction
+    from_replicas: int
+    to_replicas: int
+    drain: tuple[str, ...]
+    reason: str
+    panic: bool
+    demand: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """A replica's vLLM gauges, summed (waiting) or averaged (KV cache) over its engines."""
+
+    num_requests_waiting: float = 0.0
+    kv_cache_usage_perc: float = 0.0
+
+
+def policy_for(deployment: DeploymentDesired, target_concurrency: float,
+               schedule: tuple[ScheduleRule, ...] = ()) -> Policy:  # fmt: skip
+    """The policy's knobs from the desired state: min/max from the quota, the rest from the
+    deployment's autoscaling spec. ``target_concurrency`` is the router's per-replica limit."""
+    spec = deployment.autoscaling
+    return Policy(
+        min_replicas=deployment.quota.min,
+        max_replicas=deployment.quota.max,
+        window_seconds=spec.window_seconds,
+        scale_down_delay_seconds=spec.scale_down_delay_seconds,
+        target_concurrency=target_concurrency,
+        scale_to_zero_idle_seconds=spec.scale_to_zero_idle_seconds,
+        schedule=schedule,
+    )
+
+
+def schedule_rules(windows: Sequence[ScheduleWindow]) -> tuple[ScheduleRule, ...]:
+    """The spec's schedule as policy rules; a window with a bad time or zone is skipped."""
+    rules = []
+    for w in windows:
+        try:
+            tz = ZoneInfo(w.timezone)
+            start, end = time.fromisoformat(w.start), time.fromisoformat(w.end)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            log.warning("schedule window %s ignored (%s): use HH:MM times and an IANA time "
+                        "zone such as Europe/Paris", w.model_dump(), exc)  # fmt: skip
+            continue
+        rules.append(ScheduleRule(frozenset(w.days), start, end, w.min_replicas, tz))
+    return tuple(rules)
+
+
+def parse_gauges(text: str) -> Gauges:
+    """``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` from a /metrics page."""
+    waiting, kv = 0.0, []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name, _, rest = line.partition("{")
+        if rest:
+            rest = rest.rpartition("}")[2]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if name == "vllm:num_requests_waiting":
+            waiting += value
+        elif name == "vllm:kv_cache_usage_perc":
+            kv.append(value)
+    return Gauges(waiting, sum(kv) / len(kv) if kv else 0.0)
+
+
+class Autoscaler:
+    """Decisions per deployment, with the policy's state, the last decision and the events."""
+
+    def __init__(self, router: Router, clock: Callable[[], datetime], *,
+                 history: int = 200) -> None:  # fmt: skip
+        self.router = router
+        self.clock = clock
+        self.states: dict[str, State] = {}
+        self.last: dict[str, Decision] = {}
+        self.events: deque[ScaleEvent] = deque(maxlen=history)
+        self.gauges: dict[str, tuple[datetime, Gauges]] = {}
+        self.scrape_interval = 1.0
+        self._rules: dict[str, tuple[list[ScheduleWindow], tuple[ScheduleRule, ...]]] = {}
+        self._phases: dict[str, ReplicaState] = {}
+        self._beyond: dict[str, int] = {}
+        self._woken: set[str] = set()
+        self._wake = asyncio.Event()
+
+    # --- waking -----------------------------------------------------------------------------
+    def wake(self, deployment: str) -> None:
+        """Decide for ``deployment`` now (the router queued a request while it is at zero)."""
+        self._woken.add(deployment)
+        self._wake.set()
+
+    async def woken(self, timeout: float) -> set[str]:
+        """Deployments woken so far; waits up to ``timeout`` seconds for one if none is."""
+        if not self._woken:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, timeout))
+        out, self._woken = self._woken, set()
+        return out
+
+    # --- deciding ---------------------------------------------------------------------------
+    def decide(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
+               now: datetime) -> Decision | None:  # fmt: skip
+        """Run the policy for ``deployment`` at ``now``; None if its knobs are invalid."""
+        name = deployment.name
+        target = concurrency_limit(deployment, self.router.config)
+        try:
+            policy = policy_for(deployment, target, self._schedule(deployment))
+        except ValueError as exc:
+            log.warning("autoscaling of %s skipped: %s", name, exc)
+            return None
+        signals = self.signals(name, replicas, now)
+        previous = self.last.get(name)
+        decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
+        self.last[name] = decision
+        if _changes_something(decision, previous):
+            self.events.append(ScaleEvent(
+                now, name, decision.action, decision.current_replicas,
+                decision.desired_replicas, decision.drain, decision.reason, decision.panic,
+                decision.unconstrained_desired,
+            ))  # fmt: skip
+            log.info("autoscaler %s: %s", name, decision.reason)
+        return decision
+
+    def signals(self, name: str, replicas: Sequence[ReplicaStatus], now: datetime) -> Signals:
+        fresh_after = now.timestamp() - 3 * self.scrape_interval
+        out, failed_starts = [], 0
+        for r in replicas:
+            if r.deployment != name:
+                continue
+            before = self._phases.get(r.replica_id)
+            self._phases[r.replica_id] = r.state
+            if r.state == "failed":
+                failed_starts += before in (None, "starting")
+                continue
+            at, gauges = self.gauges.get(r.replica_id, (now, Gauges()))
+            if r.state != "ready" or at.timestamp() < fresh_after:
+                gauges = Gauges()
+            out.append(ReplicaSignal(
+                r.replica_id, r.state, self.router.replica_in_flight(r.replica_id),
+                gauges.num_requests_waiting, gauges.kv_cache_usage_perc,
+            ))  # fmt: skip
+        _, queued = self.router.load(name)
+        return Signals(tuple(out), queued, failed_starts)
+
+    def _schedule(self, deployment: DeploymentDesired) -> tuple[ScheduleRule, ...]:
+        windows = deployment.autoscaling.schedule
+        cached = self._rules.get(deployment.name)
+        if cached is None or cached[0] != windows:
+            cached = self._rules[deployment.name] = (windows, schedule_rules(windows))
+        return cached[1]
+
+    def demand(self, name: str) -> int | None:
+        """Replicas to report upward: the unclamped demand (may exceed max), but never below
+        what the policy keeps (so a placement does not undercut the scale-down delay)."""
+        d = self.last.get(name)
+        return None if d is None else max(d.unconstrained_desired, d.desired_replicas)
+
+    def newly_beyond_max(self, name: str) -> bool:
+        """True once each time the demand beyond max rises (to report it as a fact)."""
+        d = self.last.get(name)
+        beyond = d.demand_beyond_max if d is not None else 0
+        before = self._beyond.get(name, 0)
+        self._beyond[name] = beyond
+        return beyond > before
+
+    def forget(self, keep: Collection[str], replicas: Collection[str]) -> None:
+        """Drop what is kept for deployments no longer desired and replicas gone."""
+        for table in (self.states, self.last, self._rules, self._beyond):
+            for name in [n for n in table if n not in keep]:
+                del table[name]
+        for table in (self._phases, self.gauges):
+            for rid in [r for r in table if r not in replicas]:
+                del table[rid]
+
+    # --- gauges -----------------------------------------------------------------------------
+    async def scrape_once(self) -> None:
+        backends = [b for b in self.router.backends.values()
+                    if b.state == "ready" and not b.health.ejected]  # fmt: skip
+        texts = await asyncio.gather(*(_fetch(b, self.scrape_interval / 2) for b in backends))
+        now = self.clock()
+        for backend, text in zip(backends, texts, strict=True):
+            if text is not None:
+                self.gauges[backend.replica_id] = (now, parse_gauges(text))
+
+    async def scrape_loop(self, interval: float) -> None:
+        self.scrape_interval = interval
+        while True:
+            try:
+                await self.scrape_once()
+            except Exception:
+                log.exception("scraping the replicas' gauges failed; retrying")
+            await asyncio.sleep(interval)
+
+
+def _changes_something(decision: Decision, previous: Decision | None) -> bool:
+    if decision.action is not ScaleAction.HOLD:
+        return True
+    backing_off = decision.desired_replicas != decision.current_replicas
+    return backing_off and (previous is None or previous.failed_starts != decision.failed_starts)
+
+
+async def _fetch(backend: Backend, timeout: float) -> str | None:
+    try:
+        resp = await backend.pool.request("GET", "/metrics", head_timeout=timeout,
+                                          connect_timeout=timeout)  # fmt: skip
+        body = await asyncio.wait_for(resp.read(), timeout)
+        resp.release()
+    except (UpstreamError, TimeoutError):
+        return None
+    return body.decode(errors="replace") if resp.status == 200 else None
