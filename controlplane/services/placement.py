@@ -1,6 +1,6 @@
 """Placement against PostgreSQL: load the engine's input, run it, write the result.
 
-`load_input` maps rows to the pure engine's dataclasses; `apply_result` writes placements,
+`load_world` maps rows to the pure engine's dataclasses; `apply_result` writes placements,
 per-deployment status (reasons, cost) and an event in the caller's transaction, and bumps
 the desired generation of every cluster whose share changed. What-if previews run the same
 path on a modified input and write nothing.
@@ -226,10 +226,10 @@ def apply_result(
     by_dep: dict[str, list[engine.Assignment]] = defaultdict(list)
     for a in result.assignments:
         by_dep[a.deployment].append(a)
+    price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
     for name, rows in by_dep.items():
         dep = world.deployments[name]
         mins = _min_shares(int((dep.autoscaling or {}).get("min_replicas", 1)), rows)
-        price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
         for row, low in zip(rows, mins, strict=True):
             session.add(m.Placement(
                 deployment_id=dep.id, cluster_id=world.clusters[row.cluster].id,
@@ -238,10 +238,15 @@ def apply_result(
                 cost_per_hour=Decimal(f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"),
             ))  # fmt: skip
     info = summary(world, result)
+    explained_before = {
+        n: (d.status or {}).get("placement", {}).get("unplaced")
+        for n, d in world.deployments.items()
+    }
     for name, dep in world.deployments.items():
         dep.status = {**(dep.status or {}), "placement": info["deployments"].get(name, {})}
+    explained_now = {n: info["deployments"].get(n, {}).get("unplaced") for n in world.deployments}
     bump_desired(session, touched)
-    if touched or result.unplaced:
+    if touched or explained_now != explained_before:  # not every timer tick: only news
         session.add(m.Event(
             type="PlacementChanged" if touched else "PlacementUnchanged", object_kind="Placement",
             message=f"re-planned ({reason}): {len(result.changes)} change(s), "
