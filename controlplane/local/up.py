@@ -8,77 +8,20 @@ adding a component is one entry there. Ctrl-C stops everything in reverse order.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controlplane.local.postgres import EmbeddedPostgres, port_is_free, wait_for_port
+from controlplane.local.secrets import Secrets, cluster_users
+from controlplane.local.supervisor import REPO, Child, DataDirLock, UpError, stop_recorded_replicas
 from controlplane.settings import Settings
 
-REPO = Path(__file__).resolve().parents[2]
 FLEET = REPO / "infra" / "examples" / "fleet.yaml"
-
-
-class UpError(RuntimeError):
-    """`up` cannot start; the message says what to change."""
-
-
-@dataclass
-class Child:
-    """A supervised process: restarted with backoff when it exits unexpectedly."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    port: int | None = None
-    after_stop: Callable[[], None] | None = None
-    """Runs after the process stopped (e.g. stop the replicas an agent leaves for adoption)."""
-    process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    next_start: float = 0.0
-
-    def start(self, base_env: dict[str, str], log_dir: Path) -> None:
-        log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.process = subprocess.Popen(
-                self.argv,
-                env={**base_env, **self.env},
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                cwd=REPO,
-            )
-        finally:
-            log.close()
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        proc = self.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout_s)
-        self.process = None
-        if self.after_stop is not None:
-            self.after_stop()
 
 
 def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
@@ -170,67 +113,6 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
     return children
 
 
-def stop_recorded_replicas(runtime_dir: Path, grace_s: float = 10.0) -> None:
-    """An agent leaves its replicas running for the next agent to adopt; `up` stopping for
-    good stops them too (SIGTERM to each replica's process group, SIGKILL after `grace_s`)."""
-    record = runtime_dir / "replicas.json"
-    if not record.exists():
-        return
-    pids = [int(r["pid"]) for r in json.loads(record.read_text()) if r.get("pid")]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while (
-            sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids)
-        ):
-            time.sleep(0.05)
-    record.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class DataDirLock:
-    """An flock on DATA_DIR/up.lock: one `up` per data directory; released at exit."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "up.lock"
-        self._fh: Any = None
-
-    def acquire(self) -> None:
-        self._fh = open(self.path, "a+")  # noqa: SIM115 - held for the process lifetime
-        try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._fh.seek(0)
-            holder = self._fh.read().strip() or "?"
-            self._fh.close()
-            raise UpError(
-                f"another `gpufleet up` (pid {holder}) is running on {self.path.parent}; stop it "
-                "first or use another --data-dir"
-            ) from None
-        self._fh.seek(0)
-        self._fh.truncate()
-        self._fh.write(str(os.getpid()))
-        self._fh.flush()
-
-    def release(self) -> None:
-        if self._fh is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self._fh.close()
-            self._fh = None
-
-
 def _reachable_by_nobody(path: Path) -> bool:
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.stat().st_mode & 0o001:
@@ -277,65 +159,6 @@ def load_fleet(database_url: str, fleet: Path, secrets: Secrets) -> int:
     finally:
         engine.dispose()
     return len(docs)
-
-
-def cluster_users(database_url: str) -> dict[str, Any]:
-    """Cluster name → NatsCredentials carrying the stored bcrypt hash (never a password)."""
-    from sqlalchemy import select
-
-    from controlplane.contracts import NatsCredentials
-    from controlplane.db.models import Cluster
-    from controlplane.db.session import make_engine, make_session_factory
-
-    engine = make_engine(database_url, pool_size=1)
-    try:
-        with make_session_factory(engine)() as session:
-            rows = session.execute(
-                select(Cluster.name, Cluster.nats_user, Cluster.nats_password_hash)
-            ).all()
-    finally:
-        engine.dispose()
-    return {
-        name: NatsCredentials(user=user, password=hashed)
-        for name, user, hashed in rows
-        if user and hashed
-    }
-
-
-class Secrets:
-    """Plain credentials the local fleet itself needs, each in a 0600 file under secrets/."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def _write(self, name: str, data: dict[str, str]) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
-        path = self.root / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        return path
-
-    def controlplane(self) -> Any:
-        from controlplane.bus.credentials import generate_controlplane_credentials
-        from controlplane.contracts import NatsCredentials
-
-        path = self.root / "nats-controlplane.json"
-        if not path.exists():
-            creds = generate_controlplane_credentials()
-            self._write(path.name, {"user": creds.user, "password": creds.password})
-        return NatsCredentials.model_validate_json(path.read_text())
-
-    def save_cluster(self, cluster: str, creds: dict[str, str]) -> Path:
-        return self._write(f"cluster-{cluster}.json", creds)
-
-    def clusters(self) -> dict[str, Path]:
-        if not self.root.exists():
-            return {}
-        return {
-            p.stem.removeprefix("cluster-"): p for p in sorted(self.root.glob("cluster-*.json"))
-        }
 
 
 def bootstrap(database_url: str) -> str | None:

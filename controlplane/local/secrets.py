@@ -1,0 +1,69 @@
+"""Credentials the local fleet itself needs: the control plane's NATS user and the demo
+clusters' (plain, each in a 0600 file under DATA_DIR/secrets/), and every cluster's NATS user
+with its stored bcrypt hash for the server config."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def cluster_users(database_url: str) -> dict[str, Any]:
+    """Cluster name → NatsCredentials carrying the stored bcrypt hash (never a password)."""
+    from sqlalchemy import select
+
+    from controlplane.contracts import NatsCredentials
+    from controlplane.db.models import Cluster
+    from controlplane.db.session import make_engine, make_session_factory
+
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with make_session_factory(engine)() as session:
+            rows = session.execute(
+                select(Cluster.name, Cluster.nats_user, Cluster.nats_password_hash)
+            ).all()
+    finally:
+        engine.dispose()
+    return {
+        name: NatsCredentials(user=user, password=hashed)
+        for name, user, hashed in rows
+        if user and hashed
+    }
+
+
+class Secrets:
+    """Plain credentials the local fleet itself needs, each in a 0600 file under secrets/."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _write(self, name: str, data: dict[str, str]) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        path = self.root / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        return path
+
+    def controlplane(self) -> Any:
+        from controlplane.bus.credentials import generate_controlplane_credentials
+        from controlplane.contracts import NatsCredentials
+
+        path = self.root / "nats-controlplane.json"
+        if not path.exists():
+            creds = generate_controlplane_credentials()
+            self._write(path.name, {"user": creds.user, "password": creds.password})
+        return NatsCredentials.model_validate_json(path.read_text())
+
+    def save_cluster(self, cluster: str, creds: dict[str, str]) -> Path:
+        return self._write(f"cluster-{cluster}.json", creds)
+
+    def clusters(self) -> dict[str, Path]:
+        if not self.root.exists():
+            return {}
+        return {
+            p.stem.removeprefix("cluster-"): p for p in sorted(self.root.glob("cluster-*.json"))
+        }
