@@ -185,8 +185,9 @@ class Agent:
         async with self._act_lock:
             replicas = await self.runtime.list_replicas()
             now = self.clock()
-            self.autoscaler.forget({d.name for d in desired.deployments},
-                                   {r.replica_id for r in replicas})  # fmt: skip
+            names = {d.name for d in desired.deployments}
+            self.autoscaler.forget(names, {r.replica_id for r in replicas})
+            self.wanted = {n: w for n, w in self.wanted.items() if n in names}
             for d in desired.deployments:
                 if only is not None and d.name not in only:
                     continue
@@ -219,30 +220,9 @@ class Agent:
         return before != wanted
 
     async def autoscale_loop(self, interval: float = 1.0) -> None:
-        """Decide every ``interval`` seconds (a fixed cadence, not interval after the work),
-        and at once for a deployment the router woke; scrape the vLLM gauges meanwhile."""
-        if self.autoscaler is None:
-            return
-        loop = asyncio.get_running_loop()
-        scraper = asyncio.create_task(self.autoscaler.scrape_loop(interval), name="agent-gauges")
-        next_tick = loop.time()
-        try:
-            while True:
-                woken = await self.autoscaler.woken(next_tick - loop.time())
-                only: set[str] | None = woken
-                if loop.time() >= next_tick:
-                    only = None
-                    next_tick += interval
-                    if next_tick <= loop.time():  # fell behind: no burst of catch-up ticks
-                        next_tick = loop.time() + interval
-                try:
-                    await self.autoscale_once(only)
-                except Exception:
-                    log.exception("autoscale pass failed; retrying")
-        finally:
-            scraper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await scraper
+        """Decide every ``interval`` seconds and at once for a deployment the router woke."""
+        if self.autoscaler is not None:
+            await self.autoscaler.run(interval, self.autoscale_once)
 
     def replicas_changed(self, replicas: list[ReplicaStatus] | None = None) -> None:
         """A runtime saw a replica change state: the router follows at once (a draining

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -147,6 +147,30 @@ class Autoscaler:
                 await asyncio.wait_for(self._wake.wait(), max(0.0, timeout))
         out, self._woken = self._woken, set()
         return out
+
+    async def run(self, interval: float,
+                  tick: Callable[[set[str] | None], Awaitable[None]]) -> None:  # fmt: skip
+        """Call ``tick(None)`` (every deployment) every ``interval`` seconds on a fixed
+        cadence, and ``tick(woken)`` at once in between; scrape the gauges meanwhile."""
+        loop = asyncio.get_running_loop()
+        scraper = asyncio.create_task(self.scrape_loop(interval), name="autoscaler-gauges")
+        next_tick = loop.time()
+        try:
+            while True:
+                only: set[str] | None = await self.woken(next_tick - loop.time())
+                if loop.time() >= next_tick:
+                    only = None
+                    next_tick += interval
+                    if next_tick <= loop.time():  # fell behind: no burst of catch-up ticks
+                        next_tick = loop.time() + interval
+                try:
+                    await tick(only)
+                except Exception:
+                    log.exception("autoscale pass failed; retrying")
+        finally:
+            scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scraper
 
     # --- deciding ---------------------------------------------------------------------------
     def decide(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
