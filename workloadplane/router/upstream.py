@@ -36,6 +36,7 @@ class _Connection(asyncio.Protocol):
         self._chunks: collections.deque[bytes] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
         self._done = False
+        self._keep_alive = False
         self._error: Exception | None = None
         self._got_bytes = False
 
@@ -71,6 +72,9 @@ class _Connection(asyncio.Protocol):
         self._notify()
 
     def on_message_complete(self) -> None:
+        # read it now: llhttp resets its flags once the message is complete, after which
+        # should_keep_alive() is False for every response (each request paid a new connection)
+        self._keep_alive = self.parser.should_keep_alive()
         self._done = True
         self._notify()
 
@@ -88,7 +92,7 @@ class _Connection(asyncio.Protocol):
     def begin(self, request: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
         self.headers, self.status, self._chunks = [], 0, collections.deque()
-        self._done, self._error, self._got_bytes = False, None, False
+        self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
         self.parser = httptools.HttpResponseParser(self)
         self._head = asyncio.get_running_loop().create_future()
         self.transport.write(request)
@@ -108,7 +112,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self._done and not self.closed and self.parser.should_keep_alive()
+        return self._done and self._keep_alive and not self.closed
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
