@@ -183,7 +183,7 @@ class Autoscaler:
         except ValueError as exc:
             log.warning("autoscaling of %s skipped: %s", name, exc)
             return None
-        signals = self.signals(name, replicas, now)
+        signals = self.signals(deployment, replicas, now)
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
@@ -196,25 +196,29 @@ class Autoscaler:
             log.info("autoscaler %s: %s", name, decision.reason)
         return decision
 
-    def signals(self, name: str, replicas: Sequence[ReplicaStatus], now: datetime) -> Signals:
+    def signals(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
+                now: datetime) -> Signals:  # fmt: skip
+        """Replicas of an older revision count as draining: reconcile replaces them during a
+        rollout, so only the current revision is capacity (their requests are still load)."""
         fresh_after = now.timestamp() - 3 * self.scrape_interval
         out, failed_starts = [], 0
         for r in replicas:
-            if r.deployment != name:
+            if r.deployment != deployment.name:
                 continue
             before = self._phases.get(r.replica_id)
             self._phases[r.replica_id] = r.state
             if r.state == "failed":
                 failed_starts += before in (None, "starting")
                 continue
+            phase = r.state if r.revision == deployment.spec.revision else "draining"
             at, gauges = self.gauges.get(r.replica_id, (now, Gauges()))
-            if r.state != "ready" or at.timestamp() < fresh_after:
+            if phase != "ready" or at.timestamp() < fresh_after:
                 gauges = Gauges()
             out.append(ReplicaSignal(
-                r.replica_id, r.state, self.router.replica_in_flight(r.replica_id),
+                r.replica_id, phase, self.router.replica_in_flight(r.replica_id),
                 gauges.num_requests_waiting, gauges.kv_cache_usage_perc,
             ))  # fmt: skip
-        _, queued = self.router.load(name)
+        _, queued = self.router.load(deployment.name)
         return Signals(tuple(out), queued, failed_starts)
 
     def _schedule(self, deployment: DeploymentDesired) -> tuple[ScheduleRule, ...]:

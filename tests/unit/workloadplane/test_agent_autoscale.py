@@ -221,5 +221,21 @@ async def test_vllm_gauges_raise_the_count(tmp_path: Path):
     await tick(agent, clock)
     assert agent.wanted["chat"] == 3  # ready 1 + 8 waiting / target 4
     autoscaler.gauges[rid] = (clock.now - timedelta(seconds=10), Gauges(9, 1.0))  # stale
-    (signal,) = autoscaler.signals("chat", await runtime.list_replicas(), clock.now).replicas
+    replicas = await runtime.list_replicas()
+    (signal,) = autoscaler.signals(make_deployment(), replicas, clock.now).replicas
     assert (signal.num_requests_waiting, signal.kv_cache_usage_perc) == (0, 0)
+
+
+async def test_a_rollout_is_left_to_reconcile(tmp_path: Path):
+    agent, runtime, clock, _ = await make_plane(tmp_path, make_deployment(min_=2, max_=4))
+    await settle(agent, runtime)
+    await tick(agent, clock, 3)
+    new = make_deployment(min_=2, max_=4).model_copy(
+        update={"spec": RevisionSpec(model_id="org/chat", revision="r2")}
+    )
+    await agent.on_desired(make_desired(2, new))
+    await agent.reconcile_once()  # two r2 replicas starting next to the two r1 ones
+    assert len(runtime.replicas) == 4
+    await tick(agent, clock, 30)  # well past the window and the scale-down delay
+    assert agent.wanted["chat"] == 2
+    assert not [call for call, _ in runtime.calls if call in ("drain", "stop")]
