@@ -274,6 +274,17 @@ class CapacityExhausted(Envelope):
     reason: str = ""
 
 
+class ReplicasScaled(Envelope):
+    """The plane's autoscaler changed a deployment's replica count inside its quota."""
+
+    type: Literal["replicas_scaled"] = "replicas_scaled"
+    deployment: str
+    from_replicas: int = Field(default=0, ge=0)
+    to_replicas: int = Field(default=0, ge=0)
+    reason: str = ""
+    panic: bool = False
+
+
 class DesiredStateApplied(Envelope):
     type: Literal["desired_state_applied"] = "desired_state_applied"
     generation: int = Field(ge=1)
@@ -285,7 +296,8 @@ Fact = Annotated[
     | SpotInterruptionNoticed
     | NodeUnhealthy
     | CapacityExhausted
-    | DesiredStateApplied,
+    | DesiredStateApplied
+    | ReplicasScaled,
     Field(discriminator="type"),
 ]
 Report = Annotated[
@@ -295,7 +307,8 @@ Report = Annotated[
     | SpotInterruptionNoticed
     | NodeUnhealthy
     | CapacityExhausted
-    | DesiredStateApplied,
+    | DesiredStateApplied
+    | ReplicasScaled,
     Field(discriminator="type"),
 ]
 
@@ -308,6 +321,7 @@ MESSAGE_TYPES: tuple[type[Envelope], ...] = (
     NodeUnhealthy,
     CapacityExhausted,
     DesiredStateApplied,
+    ReplicasScaled,
 )
 FACT_TYPES: tuple[type[Envelope], ...] = MESSAGE_TYPES[2:]
 

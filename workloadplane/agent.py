@@ -29,6 +29,7 @@ from controlplane.contracts import (
     NatsCredentials,
     ObservedState,
     ReplicaFailed,
+    ReplicasScaled,
     ReplicaStarted,
     ReplicaState,
     ReplicaStatus,
@@ -210,6 +211,12 @@ class Agent:
         wanted = (decision.current_replicas if decision.action is ScaleAction.HOLD
                   else decision.desired_replicas)  # fmt: skip
         before, self.wanted[name] = self.wanted.get(name), wanted
+        if before is not None and before != wanted:  # an event upstream, not only a log line
+            self._emit(
+                ReplicasScaled(cluster=self.cluster, source=self.source, time=self.clock(),
+                               deployment=name, from_replicas=before, to_replicas=wanted,
+                               reason=decision.reason, panic=decision.panic)
+            )  # fmt: skip
         assert self.autoscaler is not None
         if self.autoscaler.newly_beyond_max(name):
             self._emit(

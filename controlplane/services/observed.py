@@ -21,6 +21,7 @@ from controlplane.contracts import (
     NodeUnhealthy,
     ObservedState,
     ReplicaFailed,
+    ReplicasScaled,
     ReplicaStarted,
     SpotInterruptionNoticed,
 )
@@ -161,15 +162,18 @@ def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> 
 
 
 def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:
+    """Deployment-scoped facts (scaling, capacity) are filed under the deployment, so that
+    `gpufleet describe deployment X` shows them; the rest under the cluster."""
     data = fact.model_dump(mode="json", exclude={"id", "schema_version", "source", "cluster"})
     name = type(fact).__name__
+    deployment = getattr(fact, "deployment", None)
     return Event(
         id=str(fact.id),
         time=received_at,
         type=name,
-        object_kind="Cluster",
-        object_id=cluster.id,
-        object_name=cluster.name,
+        object_kind="Deployment" if deployment else "Cluster",
+        object_id=None if deployment else cluster.id,
+        object_name=deployment or cluster.name,
         message=f"{cluster.name}: {name} {_summary(fact)}".strip(),
         data=data,
     )
@@ -181,5 +185,9 @@ def _summary(fact: Fact) -> str:
         return f"replica {fact.replica.replica_id} of {fact.replica.deployment}{extra}"
     if isinstance(fact, DesiredStateApplied):
         return f"generation {fact.generation}"
+    if isinstance(fact, ReplicasScaled):
+        return (
+            f"{fact.deployment} {fact.from_replicas} → {fact.to_replicas} replicas: {fact.reason}"
+        )
     return ", ".join(f"{k}={v}" for k, v in fact.model_dump(mode="json").items()
                      if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v)  # fmt: skip
