@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,7 +30,7 @@ from workloadplane.router.core import (
     Ticket,
 )
 from workloadplane.router.metrics import RouterMetrics, relabel_vllm, render_families
-from workloadplane.router.upstream import Response, UpstreamError
+from workloadplane.router.upstream import Abort, Response, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ _DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b
 _TIERS = {"high": 0, "normal": 1, "low": 2}
 _USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _RETRYABLE_STATUS = {502, 503, 504}
+_random_bits = random.getrandbits
+_FLUSH = {"type": "http.response.body", "body": b"", "more_body": True}
 
 
 class _Retry(Exception):
@@ -101,7 +103,7 @@ class RouterApp:
             if name not in _DROP_REQUEST:
                 fwd.append((name, value))
         if not request_id:
-            request_id = uuid.uuid4().hex.encode()
+            request_id = b"%032x" % _random_bits(128)  # unique, needn't be secret
             fwd.append((b"x-request-id", request_id))
         rid_header = (b"x-request-id", request_id)
 
@@ -255,24 +257,16 @@ class RouterApp:
 
     async def _exchange(self, backend: Backend, ticket: Ticket, path: bytes,
                         fwd: list[tuple[bytes, bytes]], body: bytes, stream: bool) -> Response:  # fmt: skip
+        """Send the request to ``backend``; return once its head came. ``ticket.cancel``
+        (ejection, replica gone) aborts it by closing the connection: UpstreamError."""
         timeout = self.config.first_byte_timeout_s if stream else None
-        task = asyncio.ensure_future(
-            backend.pool.request("POST", path.decode(), fwd, body, head_timeout=timeout)
-        )
-        reason: list[str] = []
 
-        def cancel(why: str) -> None:
-            reason.append(why)
-            task.cancel()
+        def abortable(abort: Abort) -> None:
+            ticket.cancel = abort
 
-        ticket.cancel = cancel
         try:
-            return await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if reason and (current is None or not current.cancelling()):
-                raise UpstreamError(reason[0], before_first_byte=True) from None
-            raise
+            return await backend.pool.request("POST", path.decode(), fwd, body,
+                                              head_timeout=timeout, on_abortable=abortable)  # fmt: skip
         finally:
             ticket.cancel = None
 
@@ -282,8 +276,10 @@ class RouterApp:
         headers = [(n, v) for n, v in resp.headers if n not in _DROP_RESPONSE]
         headers.append(rid_header)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        if stream and gone is None:
-            gone = asyncio.ensure_future(receive())
+        if stream:  # the head goes out now; else it leaves with the body, in one write
+            await send(_FLUSH)
+            if gone is None:
+                gone = asyncio.ensure_future(receive())
         size, events, first = 0, 0, 0.0
         tail = b""
         complete = False

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from collections.abc import Sequence
-
-import uvicorn
 
 from controlplane.contracts import (
     AutoscalingPolicy,
@@ -23,31 +20,18 @@ from controlplane.contracts import (
 )
 from workloadplane.router.app import RouterApp
 from workloadplane.router.core import Router, RouterConfig
-
-
-def make_server(app: RouterApp, host: str, port: int) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-        http="httptools", server_header=False, date_header=False, backlog=4096,
-        timeout_keep_alive=30,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the host owns signals
-    return server
+from workloadplane.router.httpserver import HttpServer
 
 
 async def serve_router(router: Router, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve ``router`` on ``host:port`` until ``stop`` is set."""
-    app = RouterApp(router)
-    server = make_server(app, host, port)
+    server = HttpServer(RouterApp(router))
+    await server.start(host, port)
     router.start()
-    task = asyncio.create_task(server.serve(), name="router-http")
     try:
         await stop.wait()
     finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await server.close()
         await router.close()
 
 

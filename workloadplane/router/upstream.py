@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httptools
 
@@ -23,6 +23,16 @@ class UpstreamError(Exception):
     def __init__(self, message: str, *, before_first_byte: bool) -> None:
         super().__init__(message)
         self.before_first_byte = before_first_byte
+
+
+class UpstreamAborted(UpstreamError):
+    """The caller aborted the exchange (``abort``, or the head deadline) before its head came."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, before_first_byte=True)
+
+
+Abort = Callable[[str], None]
 
 
 class _Connection(asyncio.Protocol):
@@ -88,6 +98,13 @@ class _Connection(asyncio.Protocol):
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
         self._notify()
+
+    def abort(self, reason: str) -> None:
+        """Fail the exchange waiting for its head and close the connection (the replica
+        sees the client go); no-op once the head came."""
+        if self._head is not None and not self._head.done():
+            self._fail(UpstreamAborted(reason))
+            self.close()
 
     def begin(self, request: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
@@ -186,38 +203,46 @@ class UpstreamPool:
         *,
         head_timeout: float | None = None,
         connect_timeout: float = 2.0,
+        on_abortable: Callable[[Abort], None] | None = None,
     ) -> Response:
-        """Send a request; return once the response head arrived (or raise UpstreamError)."""
+        """Send a request; return once the response head arrived (or raise UpstreamError).
+
+        ``on_abortable`` gets a function that aborts the exchange before its head came
+        (``UpstreamAborted``): the connection is closed, no task is needed to cancel it."""
         raw = self._encode(method, path, headers, body)
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:
                 continue
             try:
-                return await self._exchange(conn, raw, head_timeout)
+                return await self._exchange(conn, raw, head_timeout, on_abortable)
+            except UpstreamAborted:
+                raise
             except UpstreamError as exc:
-                if not exc.before_first_byte or isinstance(exc.__cause__, TimeoutError):
+                if not exc.before_first_byte:
                     raise
                 # a keep-alive connection the replica had closed: try a fresh one
         conn = await self._connect(connect_timeout)
-        return await self._exchange(conn, raw, head_timeout)
+        return await self._exchange(conn, raw, head_timeout, on_abortable)
 
-    async def _exchange(
-        self, conn: _Connection, raw: bytes, head_timeout: float | None
-    ) -> Response:
+    async def _exchange(self, conn: _Connection, raw: bytes, head_timeout: float | None,
+                        on_abortable: Callable[[Abort], None] | None) -> Response:  # fmt: skip
         head = conn.begin(raw)
+        if on_abortable is not None:
+            on_abortable(conn.abort)
+        timer = None
+        if head_timeout is not None:
+            timer = asyncio.get_running_loop().call_later(
+                head_timeout, conn.abort, f"no response within {head_timeout}s"
+            )
         try:
-            if head_timeout is None:
-                await head
-            else:
-                await asyncio.wait_for(head, head_timeout)
-        except TimeoutError as exc:
-            conn.close()
-            raise UpstreamError(f"no response within {head_timeout}s",
-                                before_first_byte=True) from exc  # fmt: skip
+            await head
         except BaseException:
             conn.close()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         return Response(self, conn)
 
     def close(self) -> None:

@@ -1,0 +1,297 @@
+"""The router's HTTP/1.1 server: an asyncio protocol on httptools running one ASGI app.
+
+Lighter than a general ASGI server on the path that counts (the router's added latency):
+no middleware, one task per request, and the response head is held back and written with
+the first body message, so a small response costs one ``write``. An app that wants the
+head out before any body (SSE) sends an empty body message with ``more_body`` right after
+``http.response.start``; under other ASGI servers that message is a no-op.
+
+Per connection one request runs at a time; pipelined ones wait, answered in order.
+``receive()`` returns the whole body first, then waits until the client disconnects
+(``http.disconnect``). Sends after a disconnect are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
+               Awaitable[None]]  # fmt: skip
+
+_STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
+_DISCONNECT: Message = {"type": "http.disconnect"}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n"
+                b"connection: close\r\n\r\nbad request")  # fmt: skip
+_SERVER_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+                 b"content-length: 21\r\nconnection: close\r\n\r\ninternal server error")  # fmt: skip
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs the app for each, writes responses."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.closed = False
+        self.seen = True  # data arrived since the last idle sweep
+        self.task: asyncio.Task[None] | None = None
+        self.pending: collections.deque[tuple[Scope, bytes, bool]] = collections.deque()
+        # the request being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._scope: Scope | None = None
+        self._keep_alive_parsed = True
+        # the request being answered
+        self._request_body = b""
+        self._body_taken = False
+        self._keep_alive = True
+        self._head_only = False
+        self._head = b""
+        self._started = False
+        self._finished = False
+        self._chunked = False
+        self._reading_paused = False
+        self._gone: asyncio.Future[None] | None = None
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    # --- transport callbacks ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        self.pending.clear()
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+        self._resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self.seen = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._abort(_BAD_REQUEST)
+        except httptools.HttpParserError:
+            self._abort(_BAD_REQUEST)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._resume_writing()
+
+    # --- parser callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._body = b"", [], []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        raw_path, _, query = self._url.partition(b"?")
+        path = raw_path.decode("latin-1")
+        self._scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": self.parser.get_http_version(), "scheme": "http",
+            "method": self.parser.get_method().decode("ascii"),
+            "path": unquote(path) if "%" in path else path, "raw_path": raw_path,
+            "query_string": query, "root_path": "", "headers": self._headers,
+            "server": None, "client": None,
+        }  # fmt: skip
+        self._keep_alive_parsed = self.parser.should_keep_alive()
+        if (b"expect", b"100-continue") in self._headers and self.transport is not None:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self._scope is not None
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = (self._scope, body, self._keep_alive_parsed)
+        self._scope = None
+        if self.task is None:
+            self._start(*request)
+        else:  # pipelined: answer in order, and read no further meanwhile
+            self.pending.append(request)
+            if self.transport is not None and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+
+    # --- one request ----------------------------------------------------------------------
+    def _start(self, scope: Scope, body: bytes, keep_alive: bool) -> None:
+        self._request_body, self._body_taken = body, False
+        self._keep_alive, self._head_only = keep_alive, scope["method"] == "HEAD"
+        self._head, self._started, self._finished = b"", False, False
+        self.task = self.loop.create_task(self._run(scope))
+
+    async def _run(self, scope: Scope) -> None:
+        try:
+            await self.server.app(scope, self.receive, self.send)
+        except Exception:
+            log.exception("router app failed on %s %s", scope["method"], scope["path"])
+        if not self._finished and not self.closed:  # failed, or no whole response
+            log.error("no whole response to %s %s", scope["method"], scope["path"])
+            wrote = self._started and not self._head
+            self._abort(b"" if wrote else _SERVER_ERROR)
+        self.task = None
+        if self.closed:
+            return
+        if self.pending:
+            self._start(*self.pending.popleft())
+        elif self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    async def receive(self) -> Message:
+        if not self._body_taken:
+            self._body_taken = True
+            body, self._request_body = self._request_body, b""
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.closed:
+            if self._gone is None or self._gone.done():
+                self._gone = self.loop.create_future()
+            await self._gone
+        return _DISCONNECT
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._head = self._encode_head(message)
+            self._started = True
+            return
+        if kind != "http.response.body":
+            return
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        out, self._head = self._head, b""
+        if self._head_only:
+            pass
+        elif self._chunked:
+            if body:
+                out += b"%x\r\n%b\r\n" % (len(body), body)
+            if not more:
+                out += b"0\r\n\r\n"
+        elif body:
+            out = out + body if out else body
+        if self.closed or self.transport is None:
+            self._finished = self._finished or not more
+            return
+        if out:
+            self.transport.write(out)
+        if not more:
+            self._finished = True
+            if not self._keep_alive:
+                self.transport.close()
+        elif self._paused:
+            await self._wait_drained()
+
+    def _encode_head(self, message: Message) -> bytes:
+        status: int = message["status"]
+        parts = [_STATUS.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
+        chunked = True
+        for name, value in message.get("headers", ()):
+            if name == b"content-length":
+                chunked = False
+            parts += (name, b": ", value, b"\r\n")
+        if chunked and status >= 200 and status not in (204, 304):
+            parts.append(b"transfer-encoding: chunked\r\n")
+        else:
+            chunked = False
+        if not self._keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self._chunked = chunked
+        return b"".join(parts)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _abort(self, response: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            if response:
+                self.transport.write(response)
+            self.transport.close()
+        self.closed = True
+
+    def _resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def _wait_drained(self) -> None:
+        self._drained = self.loop.create_future()
+        await self._drained
+
+    def close_if_idle(self) -> bool:
+        if self.task is None and not self.pending:
+            self._abort(b"")
+            return True
+        return False
+
+
+class HttpServer:
+    """Serves ``app`` on ``host:port``; idle keep-alive connections close after
+    ``keep_alive_s`` to ``2 × keep_alive_s``."""
+
+    def __init__(self, app: App, *, keep_alive_s: float = 15.0) -> None:
+        self.app = app
+        self.keep_alive_s = keep_alive_s
+        self.connections: set[_Connection] = set()
+        self.loop = asyncio.get_event_loop()
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(
+            lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+        )
+        self._sweeper = self.loop.create_task(self._sweep(), name="router-http-idle")
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.keep_alive_s)
+            for conn in list(self.connections):
+                if not conn.seen:
+                    conn.close_if_idle()
+                conn.seen = False
+
+    async def close(self, grace_s: float = 10.0) -> None:
+        """Stop listening, close idle connections, give running requests ``grace_s``."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close_if_idle()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*late, return_exceptions=True)
+        for conn in list(self.connections):
+            conn._abort(b"")
