@@ -66,6 +66,7 @@ from workloadplane.state import DesiredStateStore
 DEPLOYMENT = "chat"
 SPOT, ON_DEMAND = "lab-spot", "lab-od"
 CLUSTER_SPOT, CLUSTER_OD = "spot-a", "od-b"
+TOKENS, TOKENS_PER_S = 40, 50  # 0.8 s per request
 
 
 @dataclass
@@ -142,7 +143,7 @@ def build_fleet(factory: sessionmaker[Session]) -> dict[str, NatsCredentials]:
         ("clusters", {"name": CLUSTER_SPOT, "region": "lab-local", "pools": [SPOT]}),
         ("clusters", {"name": CLUSTER_OD, "region": "lab-local", "pools": [ON_DEMAND]}),
         ("deployments", {"name": DEPLOYMENT, "model_id": DEPLOYMENT, "gpus_per_replica": 1,
-                         "gpu_types": ["L4"], "engine_args": ["--tokens-per-s", "50"],
+                         "gpu_types": ["L4"], "engine_args": ["--tokens-per-s", str(TOKENS_PER_S)],
                          "autoscaling": {"min_replicas": 2, "max_replicas": 2,
                                          "concurrency_target": 16},
                          "placement": place}),
@@ -299,20 +300,17 @@ async def plane(
 
 
 async def closed_loop(url: str, clients: int, stop: asyncio.Event, load: Load) -> None:
-    """Streaming requests (20 tokens, 0.4 s at 50 tokens/s): a stream already flowing from
-    a replica that dies cannot move to another one, so a drain that is not graceful shows
-    up here as a failed request (non-streaming ones would be retried by the router)."""
-    body = {
-        "model": DEPLOYMENT,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": 20,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """Streaming requests (0.8 s each): a stream already flowing from a replica that dies
+    cannot move to another one, so a drain that is not graceful shows up here as a failed
+    request (non-streaming ones would be retried by the router). The clients start spread
+    over one request's duration, so every replica always has requests in flight."""
+    body = {"model": DEPLOYMENT, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": TOKENS, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=clients)) as c:
 
-        async def user() -> None:
+        async def user(i: int) -> None:
+            await asyncio.sleep(i * TOKENS / TOKENS_PER_S / clients)
             while not stop.is_set():
                 try:
                     async with c.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
@@ -326,7 +324,7 @@ async def closed_loop(url: str, clients: int, stop: asyncio.Event, load: Load) -
                 else:
                     load.ok += 1
 
-        await asyncio.gather(*(user() for _ in range(clients)))
+        await asyncio.gather(*(user(i) for i in range(clients)))
 
 
 def _stream_problem(status: int, events: list[str]) -> str | None:
@@ -339,7 +337,7 @@ def _stream_problem(status: int, events: list[str]) -> str | None:
     if any("error" in chunk for chunk in chunks):
         return f"error event: {[c for c in chunks if 'error' in c]}"
     usage = (chunks[-1].get("usage") or {}) if chunks else {}
-    if usage.get("completion_tokens") != 20:
+    if usage.get("completion_tokens") != TOKENS:
         return f"incomplete: usage {usage}"
     return None
 
