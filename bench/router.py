@@ -125,18 +125,22 @@ async def load(port: int, concurrency: int, seconds: float, timeout: float = 10)
     return out
 
 
-async def latency_c1(ports: dict[str, int], rounds: int = 400) -> dict[str, float]:
-    """p50 latency per target, requests interleaved so drift hits all alike."""
-    pools = {k: UpstreamPool("127.0.0.1", p) for k, p in ports.items()}
+async def latency_c1(ports: dict[str, int], rounds: int = 1000) -> dict[str, float]:
+    """p50 latency per target on keep-alive connections, requests interleaved (the order
+    rotating each round) so drift and position hit all alike; 50 rounds of warm-up."""
+    pools = [(k, UpstreamPool("127.0.0.1", p)) for k, p in ports.items()]
     samples: dict[str, list[float]] = {k: [] for k in ports}
     for i in range(rounds + 50):
-        for name, pool in pools.items():
+        shift = i % len(pools)
+        for name, pool in pools[shift:] + pools[:shift]:
             t0 = time.perf_counter()
             resp = await pool.request("POST", "/v1/chat/completions", HEADERS, BODY)
             await resp.read()
             resp.release()
             if i >= 50:  # warm-up
                 samples[name].append(time.perf_counter() - t0)
+    for _, pool in pools:
+        pool.close()
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -198,10 +202,10 @@ async def main() -> None:
         added_theirs = (p50["vllm-router"] - p50["direct"]) * 1000
         print(f"concurrency 1, p50: direct {p50['direct'] * 1000:.3f} ms; added: gpufleet "
               f"{added_ours:.3f} ms, vllm-router {added_theirs:.3f} ms")  # fmt: skip
-        thr = {
-            name: await load(port, 64, 5.0)
-            for name, port in (("gpufleet", ours), ("vllm-router", theirs))
-        }
+        thr: dict[str, Load] = {}
+        for name, port in (("gpufleet", ours), ("vllm-router", theirs)):
+            await load(port, 64, 1.0)  # warm-up: 64 connections opened
+            thr[name] = await load(port, 64, 5.0)
         for name, res in thr.items():
             print(f"concurrency 64: {name} {res.ok / res.seconds:.0f} req/s, "
                   f"{res.failed} failed")  # fmt: skip

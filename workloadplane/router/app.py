@@ -109,7 +109,7 @@ class RouterApp:
 
         async def fail(status: int, type_: str, message: str, code: str | None = None,
                        deployment: str = "", extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:  # fmt: skip
-            self.metrics.requests.labels(deployment, str(status)).inc()
+            self.metrics.answered(deployment, str(status))
             await _respond(send, status, errors.error_body(message, type_, code),
                            extra=(rid_header, *extra))  # fmt: skip
 
@@ -150,7 +150,7 @@ class RouterApp:
             adapter=model if model != entry.name else None,
         )
         dep = entry.name
-        self.metrics.request_bytes.labels(dep).observe(len(body))
+        self.metrics.of(dep).request_bytes.observe(len(body))
         try:
             await self._forward(entry, ticket, path, fwd, body, stream, send, receive,
                                 rid_header, arrived)  # fmt: skip
@@ -166,7 +166,7 @@ class RouterApp:
             await fail(*errors.NO_CAPACITY, f"deployment {dep} has no replicas and may not "
                        "start any (its quota max is 0): ask for quota", "no_capacity", dep)  # fmt: skip
         except _ClientGone:
-            self.metrics.requests.labels(dep, "499").inc()
+            self.metrics.answered(dep, "499")
         except UpstreamError as exc:
             await fail(*errors.BAD_GATEWAY, f"every replica tried failed: {exc}",
                        "upstream_failed", dep)  # fmt: skip
@@ -241,18 +241,19 @@ class RouterApp:
         if gone is None:
             gone = asyncio.ensure_future(receive())
         waited = time.perf_counter()
-        self.metrics.queue_depth.labels(entry.name).set(len(entry.queue) + 1)
+        dm = self.metrics.of(entry.name)
+        dm.queue_depth.set(len(entry.queue) + 1)
         task = asyncio.ensure_future(router.acquire(entry, ticket, retry=retry))
         try:
             await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.metrics.queue_depth.labels(entry.name).set(len(entry.queue))
+            dm.queue_depth.set(len(entry.queue))
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             raise _ClientGone
-        self.metrics.queue_wait.labels(entry.name).observe(time.perf_counter() - waited)
+        dm.queue_wait.observe(time.perf_counter() - waited)
         return task.result(), gone
 
     async def _exchange(self, backend: Backend, ticket: Ticket, path: bytes,
@@ -309,16 +310,16 @@ class RouterApp:
                 gone.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         end = time.perf_counter()
-        m = self.metrics
-        m.requests.labels(dep, str(resp.status) if complete else "502").inc()
-        m.response_bytes.labels(dep).observe(size)
-        m.e2e.labels(dep).observe(end - arrived)
+        self.metrics.answered(dep, str(resp.status) if complete else "502")
+        m = self.metrics.of(dep)
+        m.response_bytes.observe(size)
+        m.e2e.observe(end - arrived)
         if first:
-            m.ttft.labels(dep).observe(first - arrived)
+            m.ttft.observe(first - arrived)
         match = _USAGE.search(tail)
         tokens = int(match.group(1)) if match else max(events - 1, 0)
         if tokens and end > first:
-            m.tokens_per_s.labels(dep).observe(tokens / (end - arrived))
+            m.tokens_per_s.observe(tokens / (end - arrived))
 
     # --- other routes -------------------------------------------------------------------------
     async def models(self, scope: Scope, send: Send) -> None:

@@ -48,8 +48,38 @@ class RouterMetrics:
         self.ejections = Counter("gpufleet_router_ejections", "Replicas ejected",
                                  [*d, "replica"], registry=r)  # fmt: skip
 
+        self._per_deployment: dict[str, DeploymentMetrics] = {}
+        self._codes: dict[tuple[str, str], Counter] = {}
+
+    def of(self, deployment: str) -> DeploymentMetrics:
+        """The per-request series of ``deployment``, looked up once (``labels()`` is slow)."""
+        found = self._per_deployment.get(deployment)
+        if found is None:
+            found = self._per_deployment[deployment] = DeploymentMetrics(self, deployment)
+        return found
+
+    def answered(self, deployment: str, code: str) -> None:
+        """Count a request answered with status ``code``."""
+        counter = self._codes.get((deployment, code))
+        if counter is None:
+            counter = self._codes[deployment, code] = self.requests.labels(deployment, code)
+        counter.inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class DeploymentMetrics:
+    """One deployment's labelled children of the per-request histograms."""
+
+    def __init__(self, m: RouterMetrics, deployment: str) -> None:
+        self.request_bytes = m.request_bytes.labels(deployment)
+        self.response_bytes = m.response_bytes.labels(deployment)
+        self.ttft = m.ttft.labels(deployment)
+        self.e2e = m.e2e.labels(deployment)
+        self.tokens_per_s = m.tokens_per_s.labels(deployment)
+        self.queue_wait = m.queue_wait.labels(deployment)
+        self.queue_depth = m.queue_depth.labels(deployment)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?(\s.*)$")

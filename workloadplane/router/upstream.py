@@ -49,6 +49,7 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = False
         self._error: Exception | None = None
         self._got_bytes = False
+        self._aborted: str | None = None  # aborted while still connecting
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,8 +102,11 @@ class _Connection(asyncio.Protocol):
 
     def abort(self, reason: str) -> None:
         """Fail the exchange waiting for its head and close the connection (the replica
-        sees the client go); no-op once the head came."""
-        if self._head is not None and not self._head.done():
+        sees the client go); no-op once the head came. Before ``begin`` (connecting), the
+        exchange fails as it begins."""
+        if self._head is None:
+            self._aborted = reason
+        elif not self._head.done():
             self._fail(UpstreamAborted(reason))
             self.close()
 
@@ -112,6 +116,10 @@ class _Connection(asyncio.Protocol):
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
         self.parser = httptools.HttpResponseParser(self)
         self._head = asyncio.get_running_loop().create_future()
+        if self._aborted is not None:
+            self._fail(UpstreamAborted(self._aborted))
+            self.close()
+            return self._head
         self.transport.write(request)
         return self._head
 
@@ -167,11 +175,11 @@ class UpstreamPool:
         self._idle: list[_Connection] = []
         self._host_header = f"{host}:{port}".encode()
 
-    async def _connect(self, timeout: float) -> _Connection:
+    async def _connect(self, conn: _Connection, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, self.host, self.port), timeout
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, self.host, self.port), timeout
             )
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"connect to {self.host}:{self.port} failed: {exc!r}",
@@ -222,7 +230,10 @@ class UpstreamPool:
                 if not exc.before_first_byte:
                     raise
                 # a keep-alive connection the replica had closed: try a fresh one
-        conn = await self._connect(connect_timeout)
+        conn = _Connection()
+        if on_abortable is not None:  # also while connecting: ejection must reach it
+            on_abortable(conn.abort)
+        await self._connect(conn, connect_timeout)
         return await self._exchange(conn, raw, head_timeout, on_abortable)
 
     async def _exchange(self, conn: _Connection, raw: bytes, head_timeout: float | None,
