@@ -207,6 +207,8 @@ def main() -> None:
     ):
         xs = [getattr(r, attr) * unit for r in runs]
         print(f"  notice → {name:<20} " + "  ".join(f"{x:7.1f}" for x in xs) + " ms")
+    print("  in flight on the drained replica when its drain began: "
+          + "  ".join(str(r.in_flight_at_drain) for r in runs))  # fmt: skip
     failed = sum(r.failed for r in runs)
     total = sum(r.requests for r in runs)
     lost = sum(len(r.lost_at_deadline) for r in runs)
