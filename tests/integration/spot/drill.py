@@ -204,12 +204,14 @@ class Replanner:
 
     def __call__(self, reason: str) -> None:
         with self.lock:
-            while True:
+            for _ in range(500):  # another process's re-plan: 5 s at most
                 with transaction(self.deps.factory) as s:
                     done = replan(s, reason)
                 if done is not None:
                     break
                 time.sleep(0.01)
+            else:
+                raise AssertionError(f"re-plan ({reason}) never got the lock")
             committed = time.perf_counter()
             carry_out(self.deps, done.actions)
             self.log.append((reason, committed, time.perf_counter(), done.actions))
@@ -405,7 +407,6 @@ async def run_drill(
                 ):
                     await asyncio.to_thread(replanner, "initial")
                     await until(lambda: len(a.routable()) == 2, 30, "2 replicas on spot-a")
-                    result.spot, result.replacement = Load(), Load()
                     loads = [
                         asyncio.create_task(closed_loop(a.url, clients, stop_load, result.spot))
                     ]
