@@ -72,9 +72,9 @@ def replan(reason: str = "timer") -> dict[str, object] | None:
     from controlplane.services.placement import replan as run_replan
 
     with transaction(sessions()) as session:
-        done = run_replan(session, reason)
+        done = run_replan(session, reason, wait_s=30.0)  # plan after the one running, not never
     if done is None:
-        log.info("re-plan skipped (%s): another one is running", reason)
+        log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)
         return None
     dispatch(done.actions)  # after the commit: the acquire tasks read the requested rows
     info = done.summary

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import delete, func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from controlplane import placement as engine
@@ -284,10 +285,21 @@ class Replanned:
     """Procurement to dispatch once the transaction has committed."""
 
 
-def replan(session: Session, reason: str, now: datetime | None = None) -> Replanned | None:
+def replan(
+    session: Session, reason: str, now: datetime | None = None, wait_s: float = 0.0
+) -> Replanned | None:
     """One re-plan and its procurement decision in the caller's transaction; None when
-    another re-plan holds the lock."""
-    if not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
+    another re-plan holds the lock (after waiting up to `wait_s` for it: a trigger that
+    arrives while another re-plan runs must still be planned, with what it changed)."""
+    if wait_s > 0:
+        session.execute(text(f"SET LOCAL lock_timeout = '{int(wait_s * 1000)}ms'"))
+        try:
+            with session.begin_nested():
+                session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+        except OperationalError:
+            return None
+        session.execute(text("SET LOCAL lock_timeout = 0"))
+    elif not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
         return None
     now = now or _now()
     world = load_world(session, now)

@@ -102,3 +102,26 @@ def test_the_desired_state_of_a_cluster_carries_its_placed_deployments(
     assert eu.spec.gpus_per_replica == 2
     assert eu.quota.max >= eu.quota.min >= 1
     assert eu.pools == ["aws-euc1-h100-od"]
+
+
+def test_a_waiting_replan_runs_once_the_running_one_is_done(demo, session_factory):
+    import threading
+
+    holder = session_factory()
+    holder.begin()
+    holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": 0x6770_666C})
+    results = []
+
+    def waiter() -> None:
+        with session_factory() as s, s.begin():
+            results.append(replan(s, "spot notice", wait_s=10))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # waiting for the lock, not giving up
+    holder.rollback()
+    holder.close()
+    thread.join(10)
+    assert results
+    assert results[0] is not None
