@@ -68,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self._finished = False
         self._chunked = False
         self._reading_paused = False
+        self._continue_owed = False
         self._gone: asyncio.Future[None] | None = None
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
@@ -122,14 +123,16 @@ class _Connection(asyncio.Protocol):
             "server": None, "client": None,
         }  # fmt: skip
         self._keep_alive_parsed = self.parser.should_keep_alive()
-        if (b"expect", b"100-continue") in self._headers and self.transport is not None:
-            self.transport.write(_CONTINUE)
+        if (b"expect", b"100-continue") in self._headers:
+            self._continue_owed = True  # sent once every response before it went out
+            self._send_continue()
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         assert self._scope is not None
+        self._continue_owed = False  # the body came anyway
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = (self._scope, body, self._keep_alive_parsed)
         self._scope = None
@@ -162,7 +165,9 @@ class _Connection(asyncio.Protocol):
             return
         if self.pending:
             self._start(*self.pending.popleft())
-        elif self._reading_paused and self.transport is not None:
+            return
+        self._send_continue()
+        if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -228,6 +233,11 @@ class _Connection(asyncio.Protocol):
         return b"".join(parts)
 
     # --- helpers ----------------------------------------------------------------------------
+    def _send_continue(self) -> None:
+        if self._continue_owed and self.task is None and not self.pending and self.transport:
+            self._continue_owed = False
+            self.transport.write(_CONTINUE)
+
     def _abort(self, response: bytes) -> None:
         if self.transport is not None and not self.closed:
             if response:

@@ -114,7 +114,6 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.headers, self.status, self._chunks = [], 0, collections.deque()
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
-        self.parser = httptools.HttpResponseParser(self)
         self._head = asyncio.get_running_loop().create_future()
         if self._aborted is not None:
             self._fail(UpstreamAborted(self._aborted))

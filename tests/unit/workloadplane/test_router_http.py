@@ -1,0 +1,152 @@
+"""The router's HTTP/1.1 server and upstream client, on loopback sockets: one write per small
+response, SSE heads out at once, pipelining in order, keep-alive reused, aborts without tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from workloadplane.router.httpserver import HttpServer
+from workloadplane.router.upstream import UpstreamAborted, UpstreamPool
+from workloadplane.runtime.process import free_port
+
+
+async def echo_app(scope, receive, send) -> None:
+    """/stream: head, then two chunks 50 ms apart; /wait: answers when the client is gone;
+    anything else: its method, path and body back, with a content-length."""
+    message = await receive()
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": True})
+        for part in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+            await asyncio.sleep(0.05)
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    if scope["path"] == "/wait":
+        assert (await receive())["type"] == "http.disconnect"
+        DISCONNECTS.append(scope["path"])
+        return
+    body = f"{scope['method']} {scope['path']} ".encode() + message["body"]
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+DISCONNECTS: list[str] = []
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[int]:
+    server = HttpServer(echo_app)
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    try:
+        yield port
+    finally:
+        await server.close(grace_s=1)
+
+
+async def exchange(port: int, raw: bytes, until: bytes) -> list[bytes]:
+    """Send ``raw``; return the reads (one per arrival) until ``until`` has been seen."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    reads: list[bytes] = []
+    async with asyncio.timeout(5):
+        while until not in b"".join(reads):
+            reads.append(await reader.read(65536))
+    writer.close()
+    return reads
+
+
+async def test_small_response_is_one_write_with_its_head():
+    async with serving() as port:
+        reads = await exchange(port, b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nhi",
+                               b"POST /x hi")  # fmt: skip
+    assert len(reads) == 1
+    assert reads[0].startswith(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n")
+
+
+async def test_stream_head_comes_before_its_chunks_and_ends_chunked():
+    async with serving() as port:
+        reads = await exchange(port, b"GET /stream HTTP/1.1\r\nhost: a\r\n\r\n", b"0\r\n\r\n")
+    assert reads[0].endswith(b"transfer-encoding: chunked\r\n\r\n")  # alone, not held back
+    assert b"".join(reads[1:]) == b"9\r\ndata: 1\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+
+
+async def test_pipelined_requests_answered_in_order():
+    async with serving() as port:
+        reads = await exchange(port, b"GET /stream HTTP/1.1\r\nhost: a\r\n\r\n"
+                               b"POST /b HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\n\r\nz",
+                               b"POST /b z")  # fmt: skip
+    data = b"".join(reads)
+    assert data.index(b"[DONE]") < data.index(b"POST /b z")
+
+
+async def test_expect_100_continue_is_answered_once_the_connection_is_free():
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /stream HTTP/1.1\r\nhost: a\r\n\r\n"
+                     b"POST /b HTTP/1.1\r\nhost: a\r\nexpect: 100-continue\r\n"
+                     b"content-length: 1\r\n\r\n")  # fmt: skip
+        async with asyncio.timeout(5):
+            data = await reader.readuntil(b"100 Continue\r\n\r\n")
+            assert b"[DONE]" in data  # not before the response ahead of it
+            writer.write(b"z")
+            assert (await reader.readuntil(b"POST /b z")).startswith(b"HTTP/1.1 200 OK")
+        writer.close()
+
+
+async def test_http10_closes_and_garbage_gets_400():
+    async with serving() as port:
+        reads = await exchange(port, b"GET /a HTTP/1.0\r\n\r\n", b"GET /a")
+        assert b"connection: close\r\n" in reads[0]
+        reads = await exchange(port, b"NOT HTTP\r\n\r\n", b"bad request")
+    assert reads[0].startswith(b"HTTP/1.1 400 ")
+
+
+async def test_receive_reports_the_client_gone():
+    DISCONNECTS.clear()
+    async with serving() as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /wait HTTP/1.1\r\nhost: a\r\n\r\n")
+        await asyncio.sleep(0.05)
+        writer.close()
+        async with asyncio.timeout(2):
+            while not DISCONNECTS:
+                await asyncio.sleep(0.01)
+
+
+async def test_upstream_keeps_its_connection_alive():
+    async with serving() as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        conns = set()
+        for i in range(3):
+            resp = await pool.request("POST", "/p", body=b"%d" % i)
+            assert await resp.read() == b"POST /p %d" % i
+            conns.add(id(resp._conn))
+            resp.release()
+        pool.close()
+    assert len(conns) == 1
+
+
+async def test_abort_fails_the_exchange_even_while_connecting():
+    """A hung replica: the connection is accepted (backlog) but nothing answers."""
+    hung = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    pool = UpstreamPool("127.0.0.1", port)
+    aborts: list = []
+    for when in ("connecting", "waiting"):
+        request = asyncio.ensure_future(pool.request("POST", "/x", body=b"{}",
+                                                     on_abortable=aborts.append))  # fmt: skip
+        await asyncio.sleep(0) if when == "connecting" else await asyncio.sleep(0.05)
+        aborts[-1](f"ejected while {when}")
+        with pytest.raises(UpstreamAborted, match=when):
+            await request
+    with pytest.raises(UpstreamAborted, match="no response within"):
+        await pool.request("POST", "/x", body=b"{}", head_timeout=0.05)
+    pool.close()
+    hung.close()
