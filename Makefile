@@ -32,8 +32,10 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest -q tests/integration
 
-bench: install
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+bench: install vllm-env  # every script, then their headlines; fails if any target failed
+	@rm -f .bench-headlines; for b in bench/*.py; do echo "== $$b"; \
+	  $(BIN)/python $$b 2>&1 | tee .bench-last; tail -n 1 .bench-last >> .bench-headlines; done; \
+	  echo; echo "== headlines"; cat .bench-headlines; ! grep -q FAIL .bench-headlines
 
 lint: install
 	$(BIN)/ruff check .

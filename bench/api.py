@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loadgen import http_request, run
+from bench.support.loadgen import http_request, run
 from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_port
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
@@ -104,7 +104,7 @@ def main() -> int:
                 return http_request("PATCH", f"/api/v1/pools/pool-{i % POOLS}", auth, body)
 
             writes = run("127.0.0.1", port, write, CONNECTIONS, SECONDS)
-        with uvicorn(["bench.bare_app:app"], {}) as port:
+        with uvicorn(["bench.support.bare_app:app"], {}) as port:
             bare = run(
                 "127.0.0.1", port, lambda i: http_request("GET", "/doc", {}), CONNECTIONS, SECONDS
             )
