@@ -91,7 +91,15 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._abort(_BAD_REQUEST)
+            # no upgrades here (h2c, websocket): answer in HTTP/1.1, then close, as the
+            # parser stops after an upgrade request
+            if self.pending:
+                scope, body, _ = self.pending.pop()
+                self.pending.append((scope, body, False))
+            elif self.task is not None:
+                self._keep_alive = False
+            else:
+                self._abort(_BAD_REQUEST)
         except httptools.HttpParserError:
             self._abort(_BAD_REQUEST)
 
@@ -269,7 +277,7 @@ class HttpServer:
         self.app = app
         self.keep_alive_s = keep_alive_s
         self.connections: set[_Connection] = set()
-        self.loop = asyncio.get_event_loop()
+        self.loop: asyncio.AbstractEventLoop  # set by start()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 

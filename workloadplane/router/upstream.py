@@ -1,6 +1,6 @@
 """A minimal HTTP/1.1 client for talking to replicas: keep-alive pool, streamed bodies.
 
-Written on asyncio protocols and httptools (both already under uvicorn) because the router's
+Written on asyncio protocols and httptools (as is the router's own server) because the router's
 added latency is a target: a general-purpose client costs several times more per request.
 It knows exactly whether any byte of the response arrived, which is what makes a retry on
 another replica safe (``UpstreamError.before_first_byte``).

@@ -150,3 +150,14 @@ async def test_abort_fails_the_exchange_even_while_connecting():
         await pool.request("POST", "/x", body=b"{}", head_timeout=0.05)
     pool.close()
     hung.close()
+
+
+async def test_an_upgrade_request_is_answered_in_http11_then_closed():
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /a HTTP/1.1\r\nhost: a\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                     b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")  # fmt: skip
+        async with asyncio.timeout(5):
+            data = await reader.read()  # to EOF: closed after the response
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"GET /a ")
