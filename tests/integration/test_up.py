@@ -91,6 +91,15 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(postgres_root(path.resolve()), ignore_errors=True)
 
 
+def _wait_until(check, timeout_s: float, what: str) -> None:
+    """Bounded polling of something real processes do (placement, NATS, an agent)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
 def _naming(data_dir: Path) -> list[psutil.Process]:
     """Processes whose command line names the data dir or its PostgreSQL directory."""
     marks = (str(data_dir), str(postgres_root(data_dir.resolve())))
@@ -120,6 +129,8 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     # the demo fleet serves: placement → desired state → agent → engine-sim replicas → router
     router = OpenAI(base_url=f"http://127.0.0.1:{ports['router_base'] + 2}/v1", api_key="none",
                     timeout=120, max_retries=0)  # use1-a: the third cluster by name  # fmt: skip
+    _wait_until(lambda: "triage-llm" in {m.id for m in router.models.list()}, 90,
+                "the plane to learn its deployments from the control plane")  # fmt: skip
     answer = router.chat.completions.create(
         model="triage-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=8
     )
