@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -13,14 +15,39 @@ from controlplane.settings import get_settings
 log = logging.getLogger("gpufleet.api")
 
 
-def request_replan(kind: str) -> None:
-    """Ask the workers for a re-plan; the timer re-plans anyway if the broker is down."""
-    from controlplane.tasks import celery_app
+class ReplanRequests:
+    """Asks the workers for a re-plan off the request path, coalescing bursts.
 
-    try:
-        celery_app.send_task("gpufleet.replan", kwargs={"reason": f"{kind} changed"}, retry=False)
-    except Exception as exc:  # the periodic re-plan covers a lost request
-        log.warning("could not request a re-plan (%s); the timer will do it", type(exc).__name__)
+    A write must not wait for the broker (nor fail when it is down): `request()` only sets a
+    flag; one thread sends at most one `gpufleet.replan` per `min_gap_s`. The beat timer
+    re-plans anyway if a request is lost.
+    """
+
+    def __init__(self, min_gap_s: float = 0.5) -> None:
+        self._wanted = threading.Event()
+        self._reasons: set[str] = set()
+        self._lock = threading.Lock()
+        self._min_gap_s = min_gap_s
+        threading.Thread(target=self._run, name="replan-requests", daemon=True).start()
+
+    def request(self, kind: str) -> None:
+        with self._lock:
+            self._reasons.add(f"{kind} changed")
+        self._wanted.set()
+
+    def _run(self) -> None:
+        from controlplane.tasks import celery_app
+
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            with self._lock:
+                reason, self._reasons = ", ".join(sorted(self._reasons)), set()
+            try:
+                celery_app.send_task("gpufleet.replan", kwargs={"reason": reason}, retry=False)
+            except Exception as exc:  # the timer covers it
+                log.warning("could not request a re-plan (%s); the timer will", type(exc).__name__)
+            time.sleep(self._min_gap_s)
 
 
 def dispatch_procurement(actions: list[Any]) -> None:
@@ -39,6 +66,6 @@ def build_app() -> FastAPI:
     )
     return create_app(
         get_settings(),
-        on_inventory_change=request_replan,
+        on_inventory_change=ReplanRequests().request,
         dispatch_procurement=dispatch_procurement,
     )
