@@ -27,6 +27,8 @@ READY = "Ctrl-C stops everything."
 class Up:
     """One `gpufleet up` process; collects its output and the processes it started."""
 
+    started: list[Up] = []  # every Up a test made, for the fixture's teardown
+
     def __init__(self, data_dir: Path, ports: dict[str, int]) -> None:
         self.cli_config = data_dir.parent / "cli-config.yaml"
         env = {
@@ -44,6 +46,7 @@ class Up:
             [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+        Up.started.append(self)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -86,7 +89,18 @@ def ports() -> dict[str, int]:
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("up") / "fleet"
     yield path
-    for p in _naming(path):  # never leave a server behind, even when a test fails
+    for up in Up.started:  # never leave a fleet behind, even when a test fails midway
+        if up.proc.poll() is None:
+            tree = up.processes()
+            up.proc.send_signal(signal.SIGINT)
+            try:
+                up.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                up.proc.kill()
+            for p in psutil.wait_procs(tree, timeout=10)[1]:
+                p.kill()
+    Up.started.clear()
+    for p in _naming(path):
         p.kill()
     shutil.rmtree(postgres_root(path.resolve()), ignore_errors=True)
 
