@@ -23,7 +23,7 @@ from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_po
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
-WORKERS = os.environ.get("BENCH_WORKERS", "2")  # as `gpufleet up` runs the API
+WORKERS = os.environ.get("BENCH_WORKERS", "4")  # as `gpufleet up` runs the API
 POOLS = 50
 
 

@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".gpufleet"), description="State of the local fleet.")
     api_host: str = "127.0.0.1"
     api_port: int = 8080
-    api_workers: int = Field(default=2, ge=1, description="uvicorn worker processes")
+    api_workers: int = Field(
+        default=4, ge=1, description="uvicorn worker processes (reads wait on PostgreSQL)"
+    )
     postgres_port: int = 5433
     router_base_port: int = Field(
         default=8100,

@@ -65,7 +65,11 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         return response
 
     @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name")
-    def get_object(request: Request, ref: str, _: Principal = Depends(readers)) -> JSONResponse:
+    async def get_object(
+        request: Request, ref: str, _: Principal = Depends(readers)
+    ) -> JSONResponse:
+        # async on purpose: one indexed lookup inline costs less than the thread hop a sync
+        # handler pays (measured: ~2x the reads/s); list pages, which can be large, stay sync
         with read_scope(request) as session:
             return _one(kind, svc.WriteResult(svc.get(session, kind, ref)))
 
