@@ -16,9 +16,10 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from controlplane.contracts import (
     CapacityExhausted,
@@ -436,8 +437,19 @@ def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None =
         if close is not None:
             await close(stop_replicas=False)  # a restarted agent adopts them
 
-    asyncio.run(_main())
+    _run_fast(_main())
     return 0
+
+
+def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
+    """uvloop when installed (it is locked): faster scheduling and socket I/O on the path from
+    a desired-state change to its acknowledgement, and for the router in this process."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coro)
+    else:
+        uvloop.run(main_coro)
 
 
 if __name__ == "__main__":
