@@ -19,7 +19,7 @@ def _one(kind: ResourceKind, result: svc.WriteResult, status: int = 200) -> JSON
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{result.row.generation}"'})
 
 
-REPLAN_KINDS = frozenset({"pools", "clusters", "deployments"})
+REPLAN_KINDS = frozenset({"providers", "regions", "pools", "clusters", "deployments"})
 
 
 def _changed(request: Request, kind: ResourceKind) -> None:

@@ -196,3 +196,34 @@ def test_put_of_an_unchanged_pool_with_a_short_decimal_is_a_no_op(admin):
     again = admin.put("pools/p-dec", body)
     assert again.json()["generation"] == 1
     assert len(admin.get("audit", resource_name="p-dec").json()["items"]) == 1
+
+
+def test_changes_placement_depends_on_ask_for_a_replan_and_others_do_not(
+    database_url, session_factory, engine
+):
+    from fastapi.testclient import TestClient
+
+    from controlplane.api.app import create_app
+    from controlplane.services import inventory
+    from controlplane.services.resources import KINDS
+    from controlplane.settings import Settings
+    from tests.integration.conftest import Api, _truncate
+
+    asked: list[str] = []
+    _truncate(engine)
+    with session_factory() as s, s.begin():
+        spec = KINDS["tokens"].spec.model_validate({"name": "root", "role": "admin"})
+        token = inventory.create(s, KINDS["tokens"], spec, inventory.Actor("t")).secrets["token"]
+    app = create_app(
+        Settings(database_url=database_url), session_factory, on_inventory_change=asked.append
+    )
+    with TestClient(app) as client:
+        api = Api(client, token)
+        b.seed(api)
+        assert asked == ["Provider", "Region", "Pool", "Cluster"]  # not the GPU type
+        api.patch("pools/aws-use1-h100-od", {"gpus": 64})  # unchanged: nothing to re-plan
+        api.post("tokens", {"name": "ci", "role": "viewer"})
+        assert asked == ["Provider", "Region", "Pool", "Cluster"]
+        api.patch("providers/aws-main", {"certifications": ["SOC2"]})
+        assert asked[-1] == "Provider"
+    _truncate(engine)
