@@ -213,7 +213,9 @@ def test_changes_placement_depends_on_ask_for_a_replan_and_others_do_not(
     _truncate(engine)
     with session_factory() as s, s.begin():
         spec = KINDS["tokens"].spec.model_validate({"name": "root", "role": "admin"})
-        token = inventory.create(s, KINDS["tokens"], spec, inventory.Actor("t")).secrets["token"]
+        created = inventory.create(s, KINDS["tokens"], spec, inventory.Actor("t"))
+    assert created.secrets is not None
+    token = created.secrets["token"]
     app = create_app(
         Settings(database_url=database_url), session_factory, on_inventory_change=asked.append
     )
