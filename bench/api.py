@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.support.loadgen import http_request, run
-from controlplane.local.postgres import EmbeddedPostgres, free_port, wait_for_port
+from controlplane.local.ports import free_port, wait_for_port
+from controlplane.local.postgres import EmbeddedPostgres
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))

@@ -48,7 +48,8 @@ from controlplane.contracts import (
     ReplicaQuota,
     RevisionSpec,
 )
-from controlplane.local.nats import NatsServer, free_port
+from controlplane.local.nats import NatsServer
+from controlplane.local.ports import free_port
 
 CLUSTER = "bench"
 BARE_BUCKET, BARE_STREAM, BARE_ACK = "bench_bare", "BENCH_BARE_ACKS", "bench.bare.ack"

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controlplane.db import models as m
 from controlplane.db.migrate import upgrade
 from controlplane.db.session import make_engine, make_session_factory, transaction
-from controlplane.local.postgres import EmbeddedPostgres, free_port
+from controlplane.local.ports import free_port
+from controlplane.local.postgres import EmbeddedPostgres
 from controlplane.procurement_tasks import Deps, acquire_run, poll_interruptions_run, release_run
 from controlplane.services.procurement import Acquire, Policy, Release, plan_procurement
 from providers.local import LocalProvider

@@ -41,7 +41,8 @@ def postgres_server_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from controlplane.local.postgres import EmbeddedPostgres, free_port
+    from controlplane.local.ports import free_port
+    from controlplane.local.postgres import EmbeddedPostgres
 
     root = Path(tempfile.mkdtemp(prefix="gpufleet-test-pg-"))
     server = EmbeddedPostgres(root, free_port())

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from controlplane.api.auth import Principal, require
@@ -17,9 +17,9 @@ from controlplane.api.schemas import Role
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, NotFound
 from controlplane.services import inventory as svc
-from controlplane.services.resources import KINDS
-
-Filter = Callable[[Select[Any], str], Select[Any]]
+from controlplane.services.resources import KINDS, Filter
+from controlplane.services.resources import eq_filter as _eq
+from controlplane.services.resources import ref_filter as _ref
 
 
 def _plain(row: Any) -> dict[str, Any]:
@@ -30,16 +30,6 @@ def _plain(row: Any) -> dict[str, Any]:
         if column.key.endswith("cost_per_hour") and value is not None:
             out[column.key] = str(value)
     return out
-
-
-def _ref(column: Any, row_type: type[Any]) -> Filter:
-    return lambda stmt, value: stmt.where(
-        column.in_(select(row_type.id).where(row_type.name == value))
-    )
-
-
-def _eq(column: Any) -> Filter:
-    return lambda stmt, value: stmt.where(column == value)
 
 
 @dataclass(frozen=True)

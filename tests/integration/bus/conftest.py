@@ -28,7 +28,8 @@ from controlplane.bus import (
     write_server_config,
 )
 from controlplane.contracts import NatsCredentials
-from controlplane.local.nats import NatsServer, free_port
+from controlplane.local.nats import NatsServer
+from controlplane.local.ports import free_port
 
 CLUSTERS = ("a", "b")
 

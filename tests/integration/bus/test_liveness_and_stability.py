@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.bus import InMemorySink, ReportConsumer, liveness_changes, publish_desired
 from controlplane.bus.liveness import Liveness
-from controlplane.local.nats import free_port
+from controlplane.local.ports import free_port
 from tests.integration.bus.builders import make_desired, start_agent
 from tests.integration.bus.conftest import Bus, eventually
 from workloadplane.runtime.memory import InMemoryRuntime

@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 
 from controlplane.api.app import create_app
 from controlplane.cli import app
-from controlplane.local.postgres import free_port
+from controlplane.local.ports import free_port
 from controlplane.settings import Settings
 
 

@@ -6,7 +6,7 @@ import json
 import stat
 from pathlib import Path
 
-from controlplane.local.postgres import free_port
+from controlplane.local.ports import free_port
 from tests.integration.cli.conftest import Cli
 from tests.integration.cli.test_story import FLEET
 

@@ -22,7 +22,8 @@ from controlplane.bus import (
 from controlplane.bus_process import run_bus
 from controlplane.contracts import NatsCredentials
 from controlplane.db import models as m
-from controlplane.local.nats import NatsServer, free_port
+from controlplane.local.nats import NatsServer
+from controlplane.local.ports import free_port
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan
 from controlplane.settings import Settings

@@ -49,7 +49,7 @@ from controlplane.db import models as m
 from controlplane.db.base import Base
 from controlplane.db.session import transaction
 from controlplane.local.nats import NatsServer
-from controlplane.local.nats import free_port as nats_port
+from controlplane.local.ports import free_port as nats_port
 from controlplane.procurement_tasks import Deps, acquire_run, release_run
 from controlplane.services import inventory
 from controlplane.services.placement import replan
