@@ -104,7 +104,8 @@ async def test_a_3x_load_step_is_decided_within_2s(tmp_path: Path):
         stop = asyncio.Event()
         body = chat(max_tokens=30)  # 1.5 s per request
         base = asyncio.create_task(closed_loop(plane.url, 4, body, stop))  # at the target
-        await asyncio.sleep(3)  # a few ticks of steady load
+        for _ in range(3):  # a few ticks of steady load
+            await next_tick(autoscaler)
         assert plane.agent.wanted["chat"] == 1
         await next_tick(autoscaler)  # step right after a tick: the worst case
         step_at = datetime.now(UTC)

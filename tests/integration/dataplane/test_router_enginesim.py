@@ -23,6 +23,14 @@ def chat(max_tokens: int = 8, stream: bool = False, prompt: str = "hello") -> di
             "max_tokens": max_tokens, "stream": stream, "ignore_eos": True}  # fmt: skip
 
 
+async def until(check, what: str, timeout_s: float = 10.0) -> None:
+    """Bounded wait for something real processes do (no fixed sleeps)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)
+    assert check(), what
+
+
 async def send_many(url: str, n: int, concurrency: int, body: dict,
                     during: asyncio.Future | None = None) -> list[int]:  # fmt: skip
     sem = asyncio.Semaphore(concurrency)
@@ -139,7 +147,7 @@ async def test_queue_full_gives_429_with_retry_after(tmp_path):
         async with httpx.AsyncClient(timeout=30) as client:
             slow = [asyncio.create_task(client.post(f"{plane.url}/v1/chat/completions",
                                                     json=chat(max_tokens=20))) for _ in range(3)]  # fmt: skip
-            await asyncio.sleep(0.3)  # one running, two queued: the queue is full
+            await until(lambda: plane.router.load("chat") == (1, 2), "one running, two queued")
             r = await client.post(f"{plane.url}/v1/chat/completions", json=chat())
             codes = [x.status_code for x in await asyncio.gather(*slow)]
         assert codes == [200, 200, 200]
@@ -169,7 +177,7 @@ async def test_drain_waits_for_in_flight_requests(sim_plane: Plane):
     async with httpx.AsyncClient(timeout=30) as client:
         request = asyncio.create_task(client.post(f"{sim_plane.url}/v1/chat/completions",
                                                   json=chat(max_tokens=30)))  # fmt: skip
-        await asyncio.sleep(0.3)
+        await until(lambda: sim_plane.router.replica_in_flight(rid) == 1, "the request in flight")
         await sim_plane.runtime.drain(rid)
         assert not sim_plane.router.backends[rid].routable
         r = await request
