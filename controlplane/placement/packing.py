@@ -121,6 +121,13 @@ def spread_ok(plan: Plan, d: int) -> bool:
     return len(provs) >= kp and len(regs) >= kr
 
 
+def spread_reached(plan: Plan, d: int) -> bool:
+    """The deployment spans as many providers and regions as its target asks for."""
+    provs, regs = plan.spread_sets(d)
+    kp, kr = spread_need(plan, d, plan.t.inp.deployments[d].target_replicas)
+    return len(provs) >= kp and len(regs) >= kr
+
+
 def free_for(plan: Plan, d: int) -> np.ndarray:
     """GPUs per pool deployment d may take now: others' flow quotas are not free for it."""
     free = plan.t.cap - plan.used
@@ -187,7 +194,9 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False) -> int:
         if not math.isfinite(cost[p]):
             plan.blocked[d] = unmet or "capacity"
             return placed
-        n = 1 if unmet else min(k - placed, int(free[p]) // s)
+        # one replica at a time until the spread rule holds for the target: a first batch
+        # on one provider would have to be trimmed if no second provider has room
+        n = 1 if unmet or not spread_reached(plan, d) else min(k - placed, int(free[p]) // s)
         if t.is_spot[p]:
             n = min(n, plan.spot_budget(d))
         if quota is not None and quota[p] > 0:

@@ -6,6 +6,11 @@ The LP chooses x[c, p] replicas of class c in pool p, 0 <= x <= floor(free_p / s
   s.t. sum_p x[c, p] + unplaced_c = demand_c          (every replica placed or counted)
        sum_c size_c * x[c, p] <= free_p               (no pool over-committed)
        sum_{p spot} x[c, p] <= spot_c                 (summed spot budgets of the class)
+       sum_{c: S | size_c} size_c * x[c, p] <= S * floor(free_p / S)   (divisibility cuts)
+The divisibility cuts, one per pool and replica size S > 1 that does not divide free_p,
+hold for whole replicas (replicas whose size is a multiple of S use a multiple of S GPUs).
+Without them the LP fills a pool's odd remainder with fractions of big replicas; with them
+its optimum is within a few GPUs of the whole-replica optimum and few values are fractional.
 penalty_c is far above any price and grows by PRIORITY_STEP per priority level, so placing
 wins over cost and higher priority over lower. Only each class's cheapest pools start as
 columns; columns with a negative reduced cost are added until none is left (column
@@ -78,8 +83,33 @@ def silent_highs() -> Any:
     return h
 
 
+@dataclass(frozen=True)
+class _Cuts:
+    """Divisibility cut rows: row[k, p] (or -1) for divisor k; divides[c, k]: S_k | size_c."""
+
+    row: np.ndarray  # K x P, int64
+    bound: np.ndarray  # one upper bound per cut row, in row order
+    divides: np.ndarray  # C x K, bool
+
+
+def _cuts(pr: Problem, first_row: int) -> _Cuts:
+    free = np.maximum(pr.free, 0)
+    divisors = sorted({int(s) for s in pr.sizes if s > 1})
+    row = np.full((len(divisors), len(free)), -1, dtype=np.int64)
+    bounds: list[np.ndarray] = []
+    n = first_row
+    for k, size in enumerate(divisors):
+        pools = np.flatnonzero(free % size != 0)
+        row[k, pools] = n + np.arange(len(pools))
+        bounds.append(size * (free[pools] // size))
+        n += len(pools)
+    divides = np.array([[int(s) % d == 0 for d in divisors] for s in pr.sizes], dtype=bool)
+    bound = np.concatenate(bounds) if bounds else np.zeros(0, dtype=np.int64)
+    return _Cuts(row, bound, divides.reshape(len(pr.sizes), len(divisors)))
+
+
 class _Model:
-    """The HiGHS model; rows: classes, then pools, then per-class spot rows."""
+    """The HiGHS model; rows: classes, pools, per-class spot rows, divisibility cuts."""
 
     def __init__(self, pr: Problem, upper: np.ndarray) -> None:
         import highspy
@@ -96,8 +126,11 @@ class _Model:
         h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)
         inf = highspy.kHighsInf
         n_c = self.n_c
-        lower = np.concatenate([pr.demand, np.full(self.n_p + n_c, -inf)]).astype(float)
-        upper_rows = np.concatenate([pr.demand, pr.free, pr.spot_cap]).astype(float)
+        self.cuts = _cuts(pr, 2 * n_c + self.n_p)
+        n_cut = len(self.cuts.bound)
+        lower = np.concatenate([pr.demand, np.full(self.n_p + n_c + n_cut, -inf)]).astype(float)
+        upper_rows = np.concatenate([pr.demand, pr.free, pr.spot_cap, self.cuts.bound])
+        upper_rows = upper_rows.astype(float)
         n_rows = len(lower)
         empty = np.zeros(0, dtype=np.int32)
         h.addRows(n_rows, lower, upper_rows, 0, np.zeros(n_rows, np.int32), empty, np.zeros(0))
@@ -120,21 +153,32 @@ class _Model:
         n = len(cs)
         if not n:
             return
-        spot = pr.is_spot[ps]
-        per = 2 + spot.astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(per)[:-1]]).astype(np.int32)
-        index = np.empty(int(per.sum()), dtype=np.int32)
-        value = np.empty(len(index))
-        index[starts] = cs
-        value[starts] = 1.0
-        index[starts + 1] = self.n_c + ps
-        value[starts + 1] = pr.sizes[cs]
-        s = starts[spot] + 2
-        index[s] = self.n_c + self.n_p + cs[spot]
-        value[s] = 1.0
+        j = np.arange(n)
+        size = pr.sizes[cs].astype(float)
+        spot = np.flatnonzero(pr.is_spot[ps])
+        cols = [j, j, spot]
+        rows = [cs, self.n_c + ps, self.n_c + self.n_p + cs[spot]]
+        vals = [np.ones(n), size, np.ones(len(spot))]
+        for k in range(len(self.cuts.row)):
+            row = self.cuts.row[k, ps]
+            on = np.flatnonzero((row >= 0) & self.cuts.divides[cs, k])
+            cols.append(on)
+            rows.append(row[on])
+            vals.append(size[on])
+        col, row, val = (np.concatenate(a) for a in (cols, rows, vals))
+        order = np.lexsort((row, col))
+        starts = np.searchsorted(col[order], j).astype(np.int32)
+        index = row[order].astype(np.int32)
         cost = pr.sizes[cs] * pr.cost[cs, ps]
         self.h.addCols(
-            n, cost, np.zeros(n), self.upper[cs, ps].astype(float), len(index), starts, index, value
+            n,
+            cost,
+            np.zeros(n),
+            self.upper[cs, ps].astype(float),
+            len(index),
+            starts,
+            index,
+            val[order],
         )
         self.cols_c = np.concatenate([self.cols_c, cs])
         self.cols_p = np.concatenate([self.cols_p, ps])
@@ -147,9 +191,14 @@ class _Model:
         """Absent columns with a negative reduced cost under the current duals."""
         pr = self.pr
         y = np.asarray(self.h.getSolution().row_dual)
-        y_c, y_p, y_s = y[: self.n_c], y[self.n_c : self.n_c + self.n_p], y[self.n_c + self.n_p :]
+        n_c, n_p = self.n_c, self.n_p
+        y_c, y_p = y[:n_c], y[n_c : n_c + n_p]
+        y_s = y[n_c + n_p : 2 * n_c + n_p]
+        rows = self.cuts.row
+        y_cut = np.where(rows >= 0, y[np.maximum(rows, 0)], 0.0)  # K x P
+        y_pool = y_p[None, :] + self.cuts.divides.astype(float) @ y_cut  # C x P
         with np.errstate(invalid="ignore"):
-            rc = pr.sizes[:, None] * (pr.cost - y_p[None, :]) - y_c[:, None]
+            rc = pr.sizes[:, None] * (pr.cost - y_pool) - y_c[:, None]
             rc -= np.where(pr.is_spot[None, :], y_s[:, None], 0.0)
         bad = (rc < -TOL * (1.0 + np.abs(y_c[:, None]))) & (self.upper > 0) & ~present
         rc = np.where(bad, rc, np.inf)
