@@ -169,6 +169,14 @@ class AutoscalingPolicy(Model):
     )
 
 
+class PoolQuota(Model):
+    """The replicas of one deployment that one capacity pool carries on this cluster."""
+
+    pool: str
+    min: int = Field(default=0, ge=0)
+    max: int = Field(default=0, ge=0)
+
+
 class DeploymentDesired(Model):
     """One deployment as placed on one cluster."""
 
@@ -176,6 +184,10 @@ class DeploymentDesired(Model):
     spec: RevisionSpec
     quota: ReplicaQuota = Field(default_factory=ReplicaQuota)
     pools: list[str] = Field(default_factory=list, description="capacity pools it may draw on")
+    pool_quotas: list[PoolQuota] = Field(
+        default_factory=list,
+        description="per-pool split of the quota, most preferred pool first; empty: any pool",
+    )
     routing_weight: float = Field(default=1.0, ge=0, description="share of global traffic")
     priority: int = 0
     autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
@@ -191,6 +203,19 @@ class ReplicaStatus(Model):
     state: ReplicaState
     endpoint: str | None = None
     started_at: datetime | None = None
+    pool: str | None = Field(default=None, description="capacity pool whose GPUs it uses")
+    instance: str | None = Field(default=None, description="provider instance id it runs on")
+
+
+class InstanceDesired(Model):
+    """A machine the control plane holds for this cluster. ``drain_deadline``: the provider
+    takes it back then (spot notice) or it is cordoned (unhealthy): replicas move off it."""
+
+    id: str = Field(description="provider instance id")
+    pool: str
+    gpus: int = Field(default=0, ge=0)
+    draining: bool = False
+    drain_deadline: datetime | None = None
 
 
 class DeploymentObserved(Model):
@@ -229,6 +254,7 @@ class DesiredState(Envelope):
     source: str = "controlplane"
     generation: int = Field(ge=1)
     deployments: list[DeploymentDesired] = Field(default_factory=list)
+    instances: list[InstanceDesired] = Field(default_factory=list)
 
 
 class ObservedState(Envelope):

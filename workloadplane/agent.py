@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Collection, Coroutine, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from workloadplane.autoscaler_loop import Autoscaler
 from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
 from workloadplane.reconcile import (
+    DEFAULT_DRAIN_LEAD,
     DrainReplica,
     StartReplica,
     StopReplica,
@@ -70,8 +71,12 @@ class Agent:
         *,
         clock: Clock = utcnow,
         router: Router | None = None,
+        drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
     ) -> None:
         self.cluster = cluster
+        self.drain_lead = drain_lead
+        """How long before a draining instance's deadline its replicas drain, ready
+        replacement or not (the longest request should finish within it)."""
         self.router = router
         """The plane's request router, fed here with deployments and replicas (optional)."""
         self.runtime = runtime
@@ -149,7 +154,10 @@ class Agent:
                 self.router.set_replicas(replicas)
             if desired is None:
                 return  # never told anything: touch nothing
-            await self._carry_out(reconcile(desired, replicas, self.wanted))
+            actions = reconcile(
+                desired, replicas, self.wanted, now=self.clock(), drain_lead=self.drain_lead
+            )
+            await self._carry_out(actions)
         if desired.generation > self.applied_generation:
             self.applied_generation = desired.generation
             self._emit(
@@ -164,7 +172,9 @@ class Agent:
         for action in actions:
             try:
                 if isinstance(action, StartReplica):
-                    await self.runtime.start(action.deployment, action.spec)
+                    await self.runtime.start(
+                        action.deployment, action.spec, pool=action.pool, instance=action.instance
+                    )
                     started = True
                 elif isinstance(action, DrainReplica):
                     await self.runtime.drain(action.replica_id)
@@ -346,10 +356,11 @@ async def run_agent(
     fsync: bool = True,
     router: Router | None = None,
     router_address: tuple[str, int] | None = None,
+    drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
 ) -> Agent:
     """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent."""
     agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=fsync), clock=clock,
-                  router=router)  # fmt: skip
+                  router=router, drain_lead=drain_lead)  # fmt: skip
     wire_runtime(agent, runtime)
     await serve(
         agent, nats_url, credentials, heartbeat_interval=heartbeat_interval,
@@ -414,6 +425,9 @@ def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None =
                         help="serve the plane's OpenAI-compatible router on this port")  # fmt: skip
     parser.add_argument("--router-host", default="127.0.0.1")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
+    parser.add_argument("--drain-lead", type=float, default=DEFAULT_DRAIN_LEAD.total_seconds(),
+                        help="seconds before a draining instance's deadline to drain its "
+                             "replicas even without a ready replacement")  # fmt: skip
     parser.add_argument("--no-fsync", action="store_true", help="benchmarks only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
@@ -432,6 +446,7 @@ def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None =
             args.cluster, args.nats_url, credentials, state_dir, runtime,
             heartbeat_interval=args.heartbeat_interval, stop=stop, fsync=not args.no_fsync,
             router=router, router_address=router_address,
+            drain_lead=timedelta(seconds=args.drain_lead),
         )  # fmt: skip
         close = getattr(runtime, "close", None)
         if close is not None:

@@ -1,14 +1,23 @@
-"""Pure reconcile: desired snapshot + observed replicas → actions. No I/O, no clock.
+"""Pure reconcile: desired snapshot + observed replicas → actions. No I/O; the clock is an
+argument.
 
 Level-based: calling it again with the same inputs after the actions took effect returns
 nothing. Rules, per deployment:
 - ``failed`` replicas are stopped (and a replacement started, since they do not count);
 - replicas of deployments no longer desired are stopped if still starting, drained if ready;
 - the current revision gets exactly ``target`` starting+ready replicas (the local
-  autoscaler's wish clamped to the quota; ``min`` when it has no wish); excess starting
-  ones are stopped first, then ready ones drained;
-- a revision change rolls: old starting replicas are stopped, old ready ones are drained only
-  as new ones become ready, so serving capacity never drops below ``target``;
+  autoscaler's wish clamped to the quota; ``min`` when it has no wish), split over the
+  deployment's ``pool_quotas``: replicas stay where they are while their pool's quota allows,
+  new ones go to the most preferred pool with room, and a shrinking pool gives up its
+  newest replicas (starting ones are stopped first, then ready ones drained);
+- **leaving** replicas — an old revision, a pool the deployment no longer uses, or an
+  instance the control plane marked draining (spot notice, cordoned node) — are replaced
+  first and drained only as replacements become ready, so serving capacity never drops
+  below ``target``; a leaving replica on an instance whose ``drain_deadline`` is less than
+  ``drain_lead`` away is drained at once, ready replacement or not, so that its in-flight
+  requests finish before the machine goes;
+- new replicas are put on a non-draining instance of their pool with free GPUs (none free,
+  or no instance listed: the pool's capacity is not tracked per machine here);
 - ``draining`` replicas are left alone (the runtime stops them when they are done).
 """
 
@@ -16,21 +25,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from controlplane.contracts import (
     DeploymentDesired,
     DesiredState,
+    InstanceDesired,
     ReplicaState,
     ReplicaStatus,
     RevisionSpec,
 )
+
+DEFAULT_DRAIN_LEAD = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
 class StartReplica:
     deployment: str
     spec: RevisionSpec
+    pool: str | None = None
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,37 +74,146 @@ def _by_id(replicas: Sequence[ReplicaStatus]) -> list[ReplicaStatus]:
     return sorted(replicas, key=lambda r: r.replica_id)
 
 
+@dataclass(frozen=True)
+class _Slot:
+    pool: str | None
+    min: int
+    max: int
+
+
+def _slots(deployment: DeploymentDesired) -> list[_Slot]:
+    if not deployment.pool_quotas:  # one pool-agnostic slot: the deployment's quota
+        return [_Slot(None, deployment.quota.min, deployment.quota.max)]
+    return [_Slot(q.pool, q.min, q.max) for q in deployment.pool_quotas]
+
+
+def split_target(slots: Sequence[_Slot], active: Sequence[int], target: int) -> list[int]:
+    """``target`` replicas over the slots: each keeps what it runs within [min, max]; more go
+    to the most preferred slots with room (the first takes what no max allows), fewer come
+    from the least preferred ones down to their min."""
+    want = [max(s.min, min(s.max, n)) for s, n in zip(slots, active, strict=True)]
+    missing = target - sum(want)
+    for i, s in enumerate(slots):
+        if missing <= 0:
+            break
+        add = min(missing, max(0, s.max - want[i]))
+        want[i] += add
+        missing -= add
+    if missing > 0 and want:
+        want[0] += missing
+    for i in reversed(range(len(slots))):
+        if missing >= 0:
+            break
+        cut = min(-missing, want[i] - slots[i].min)
+        want[i] -= cut
+        missing += cut
+    return want
+
+
+class _Instances:
+    """Instances of this cluster and their GPUs in use, updated as starts are planned."""
+
+    def __init__(
+        self,
+        desired: DesiredState,
+        replicas: Sequence[ReplicaStatus],
+        now: datetime | None,
+        drain_lead: timedelta,
+    ) -> None:
+        self.by_id: dict[str, InstanceDesired] = {i.id: i for i in desired.instances}
+        self.now, self.drain_lead = now, drain_lead
+        gpus = {d.name: d.spec.gpus_per_replica for d in desired.deployments}
+        self.used: dict[str, int] = {}
+        for r in replicas:
+            if r.instance is not None and r.state != "failed":
+                self.used[r.instance] = self.used.get(r.instance, 0) + gpus.get(r.deployment, 0)
+
+    def draining(self, replica: ReplicaStatus) -> InstanceDesired | None:
+        inst = self.by_id.get(replica.instance or "")
+        return inst if inst is not None and inst.draining else None
+
+    def urgent(self, inst: InstanceDesired) -> bool:
+        deadline = inst.drain_deadline
+        return (
+            self.now is not None and deadline is not None and self.now >= deadline - self.drain_lead
+        )
+
+    def place(self, pool: str | None, gpus: int) -> str | None:
+        for inst in self.by_id.values():
+            free = inst.gpus - self.used.get(inst.id, 0)
+            if inst.pool == pool and not inst.draining and free >= gpus:
+                self.used[inst.id] = self.used.get(inst.id, 0) + gpus
+                return inst.id
+        return None
+
+
+def _leaving_reason(
+    replica: ReplicaStatus, revision: str, pools: set[str | None], instances: _Instances
+) -> str | None:
+    if replica.revision != revision:
+        return "replaced by a new revision"
+    if (inst := instances.draining(replica)) is not None:
+        return f"instance {inst.id} is draining"
+    if None not in pools and replica.pool is not None and replica.pool not in pools:
+        return f"pool {replica.pool} no longer used"
+    return None
+
+
 def _reconcile_deployment(
-    deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus], target: int
+    deployment: DeploymentDesired,
+    replicas: Sequence[ReplicaStatus],
+    target: int,
+    instances: _Instances,
 ) -> list[Action]:
+    slots = _slots(deployment)
+    pools = {s.pool for s in slots}
     revision = deployment.spec.revision
-    current = [r for r in replicas if r.revision == revision]
-    old = [r for r in replicas if r.revision != revision]
-    cur_starting = _by_id([r for r in current if r.state == "starting"])
-    cur_ready = _by_id([r for r in current if r.state == "ready"])
     actions: list[Action] = []
+    staying: list[ReplicaStatus] = []
+    leaving: list[tuple[ReplicaStatus, str]] = []
+    for r in replicas:
+        reason = _leaving_reason(r, revision, pools, instances)
+        if reason is None:
+            staying.append(r)
+        elif r.state == "starting":
+            actions.append(StopReplica(r.replica_id, f"{reason}, not ready yet"))
+        else:
+            leaving.append((r, reason))
 
-    actions += [StopReplica(r.replica_id, "old revision, not ready yet") for r in old
-                if r.state == "starting"]  # fmt: skip
-
-    active = len(cur_starting) + len(cur_ready)
-    if active < target:
-        actions += [StartReplica(deployment.name, deployment.spec)] * (target - active)
-    elif active > target:
-        excess = active - target
-        for r in reversed(cur_starting):
+    # a replica that does not say its pool (started by an older agent) counts in the first
+    groups: list[list[ReplicaStatus]] = [[] for _ in slots]
+    index = {s.pool: i for i, s in enumerate(slots)}
+    for r in staying:
+        groups[index.get(r.pool, 0)].append(r)
+    want = split_target(slots, [len(g) for g in groups], target)
+    ready = 0
+    for slot, group, n in zip(slots, groups, want, strict=True):
+        starting = _by_id([r for r in group if r.state == "starting"])
+        up = _by_id([r for r in group if r.state == "ready"])
+        for _ in range(n - len(group)):
+            instance = instances.place(slot.pool, deployment.spec.gpus_per_replica)
+            actions.append(StartReplica(deployment.name, deployment.spec, slot.pool, instance))
+        excess = max(0, len(group) - n)
+        for r in reversed(starting):
             if excess == 0:
                 break
             actions.append(StopReplica(r.replica_id, "above target"))
             excess -= 1
-        for r in reversed(cur_ready[len(cur_ready) - excess :] if excess else []):
+        for r in reversed(up[len(up) - excess :] if excess else []):
             actions.append(DrainReplica(r.replica_id, "above target"))
-        cur_ready = cur_ready[: len(cur_ready) - excess]
+        ready += len(up) - excess
 
-    old_ready = _by_id([r for r in old if r.state == "ready"])
-    keep_old = max(0, target - len(cur_ready))
-    for r in old_ready[keep_old:]:
-        actions.append(DrainReplica(r.replica_id, "replaced by a new revision"))
+    # make before break: leaving replicas serve until replacements are ready, unless their
+    # machine is about to go
+    keep = max(0, target - ready)
+    for r, reason in sorted(leaving, key=lambda x: x[0].replica_id):
+        inst = instances.draining(r)
+        if inst is not None and instances.urgent(inst):
+            actions.append(DrainReplica(r.replica_id, f"{reason}, deadline near"))
+        elif keep > 0:
+            keep -= 1
+        else:
+            actions.append(DrainReplica(r.replica_id, reason))
     return actions
 
 
@@ -97,10 +221,15 @@ def reconcile(
     desired: DesiredState,
     replicas: Sequence[ReplicaStatus],
     wanted: Mapping[str, int] | None = None,
+    *,
+    now: datetime | None = None,
+    drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
 ) -> list[Action]:
     """Actions that move ``replicas`` toward ``desired``. ``wanted``: the local autoscaler's
-    replica count per deployment (clamped into each quota)."""
+    replica count per deployment (clamped into each quota). ``now``: the agent's clock, for
+    draining instances' deadlines (None: no deadline is ever near)."""
     wanted = wanted or {}
+    instances = _Instances(desired, replicas, now, drain_lead)
     by_deployment: dict[str, list[ReplicaStatus]] = {}
     actions: list[Action] = []
     for replica in _by_id(replicas):
@@ -121,7 +250,9 @@ def reconcile(
 
     for deployment in desired.deployments:
         target = target_replicas(deployment, wanted.get(deployment.name))
-        actions += _reconcile_deployment(deployment, by_deployment.get(deployment.name, []), target)
+        actions += _reconcile_deployment(
+            deployment, by_deployment.get(deployment.name, []), target, instances
+        )
     return actions
 
 

@@ -17,11 +17,17 @@ from controlplane.contracts import (
     AutoscalingPolicy,
     DeploymentDesired,
     DesiredState,
+    InstanceDesired,
+    PoolQuota,
     ReplicaQuota,
     RevisionSpec,
     ScheduleWindow,
 )
-from controlplane.db.models import Cluster, Deployment, Placement, Pool
+from controlplane.db.models import Cluster, Deployment, Instance, Placement, Pool
+
+PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
+"""Order of a deployment's pools in `pool_quotas`: a plane that scales up inside its quota
+fills paid-for capacity first."""
 
 
 def bump_desired(session: Session, cluster_ids: Iterable[str]) -> None:
@@ -35,17 +41,19 @@ def bump_desired(session: Session, cluster_ids: Iterable[str]) -> None:
 
 
 def desired_state(session: Session, cluster: Cluster) -> DesiredState:
-    rows = session.execute(
-        select(Placement, Deployment, Pool.name)
-        .join(Deployment, Deployment.id == Placement.deployment_id)
-        .join(Pool, Pool.id == Placement.pool_id)
-        .where(Placement.cluster_id == cluster.id)
-        .order_by(Deployment.name, Pool.name)
-    ).all()
+    rows = sorted(
+        session.execute(
+            select(Placement, Deployment, Pool)
+            .join(Deployment, Deployment.id == Placement.deployment_id)
+            .join(Pool, Pool.id == Placement.pool_id)
+            .where(Placement.cluster_id == cluster.id)
+        ).all(),
+        key=lambda row: (row[1].name, _preference(row[2])),
+    )
     by_deployment: dict[str, list[tuple[Placement, str]]] = defaultdict(list)
     deployments: dict[str, Deployment] = {}
-    for placement, deployment, pool_name in rows:
-        by_deployment[deployment.name].append((placement, pool_name))
+    for placement, deployment, pool in rows:
+        by_deployment[deployment.name].append((placement, pool.name))
         deployments[deployment.name] = deployment
     total_weight = _total_replicas(session, deployments.values())
     return DesiredState(
@@ -55,7 +63,37 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
             _deployment_desired(deployments[name], entries, total_weight.get(name, 0))
             for name, entries in sorted(by_deployment.items())
         ],
+        instances=_instances(session, cluster),
     )
+
+
+def _preference(pool: Pool) -> tuple[int, float, str]:
+    return (PURCHASE_PREFERENCE.get(pool.purchase_type, 3), float(pool.price_per_gpu_hour),
+            pool.name)  # fmt: skip
+
+
+def _instances(session: Session, cluster: Cluster) -> list[InstanceDesired]:
+    """The machines held for this cluster that its replicas may run on or must leave."""
+    rows = session.execute(
+        select(Instance, Pool.name)
+        .join(Pool, Pool.id == Instance.pool_id)
+        .where(
+            Instance.cluster_id == cluster.id,
+            Instance.state.in_(("running", "draining")),
+            Instance.provider_instance_id.is_not(None),
+        )
+        .order_by(Pool.name, Instance.created_at, Instance.provider_instance_id)
+    ).all()
+    return [
+        InstanceDesired(
+            id=inst.provider_instance_id or "",
+            pool=pool,
+            gpus=inst.gpus,
+            draining=inst.state == "draining",
+            drain_deadline=inst.drain_deadline if inst.state == "draining" else None,
+        )
+        for inst, pool in rows
+    ]
 
 
 def _total_replicas(session: Session, deployments: Iterable[Deployment]) -> dict[str, int]:
@@ -93,6 +131,10 @@ def _deployment_desired(
             max=max(here, sum(p.max_replicas for p, _ in entries)),
         ),
         pools=sorted({pool for _, pool in entries}),
+        pool_quotas=[
+            PoolQuota(pool=pool, min=p.min_replicas, max=max(p.replicas, p.max_replicas))
+            for p, pool in entries
+        ],
         routing_weight=here / global_replicas if global_replicas else 1.0,
         priority=deployment.priority,
         autoscaling=AutoscalingPolicy(

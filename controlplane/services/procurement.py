@@ -24,6 +24,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Deployment, Event, Instance, Placement, Pool, Replica
+from controlplane.services.desired import bump_desired
 
 ACTIVE = ("requested", "running")  # capacity placement may use
 HELD = ("requested", "running", "draining", "releasing")  # exists (or may) at the provider
@@ -365,6 +366,11 @@ def update_status(pool: Pool, **values: Any) -> None:
 
 
 def event(session: Session, type_: str, obj: Instance | Pool, message: str, **data: Any) -> None:
+    """Record what happened to a pool or an instance. Every instance event is a change of
+    state (acquired, draining, cordoned, released, gone), and the instance list is part of
+    its cluster's desired state: that cluster gets a new desired generation."""
+    if isinstance(obj, Instance) and obj.cluster_id is not None:
+        bump_desired(session, [obj.cluster_id])
     kind = "Pool" if isinstance(obj, Pool) else "Instance"
     name = obj.name if isinstance(obj, Pool) else obj.provider_instance_id
     session.add(

@@ -15,12 +15,21 @@ class Runtime(Protocol):
       ``ready`` (or ``failed``) later, as ``list_replicas`` shows.
     - ``stop`` kills a replica now; ``drain`` stops sending it new requests, lets in-flight
       ones finish, then stops it. Both are silent if the replica is already gone.
+    - ``start`` records the ``pool`` and ``instance`` it was given in the replica's status
+      (reconcile uses them to move replicas off a draining instance or an unused pool).
     - ``list_replicas`` returns every replica the runtime runs, including ones started by a
       previous agent process (the agent adopts them: restarting the agent must not restart
       replicas). A stopped replica disappears from the list.
     """
 
-    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus: ...
+    async def start(
+        self,
+        deployment: str,
+        spec: RevisionSpec,
+        *,
+        pool: str | None = None,
+        instance: str | None = None,
+    ) -> ReplicaStatus: ...
 
     async def stop(self, replica_id: str) -> None: ...
 

@@ -20,11 +20,19 @@ class InMemoryRuntime:
         self.stopped = 0
         self.drained = 0
 
-    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+    async def start(
+        self,
+        deployment: str,
+        spec: RevisionSpec,
+        *,
+        pool: str | None = None,
+        instance: str | None = None,
+    ) -> ReplicaStatus:
         replica_id = f"{deployment}-{spec.revision}-{next(self._ids)}"
         replica = ReplicaStatus(
-            replica_id=replica_id, deployment=deployment, revision=spec.revision, state="starting"
-        )
+            replica_id=replica_id, deployment=deployment, revision=spec.revision,
+            state="starting", pool=pool, instance=instance,
+        )  # fmt: skip
         self._replicas[replica_id] = replica
         self.started += 1
         return replica

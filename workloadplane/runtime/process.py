@@ -57,6 +57,8 @@ class _Replica:
     spec: RevisionSpec
     port: int
     gpus: list[str]
+    pool: str | None = None
+    instance: str | None = None
     state: ReplicaState = "starting"
     pid: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -68,7 +70,8 @@ class _Replica:
     def status(self, host: str) -> ReplicaStatus:
         return ReplicaStatus(replica_id=self.replica_id, deployment=self.deployment,
                              revision=self.spec.revision, state=self.state,
-                             endpoint=f"http://{host}:{self.port}", started_at=self.started_at)  # fmt: skip
+                             endpoint=f"http://{host}:{self.port}", started_at=self.started_at,
+                             pool=self.pool, instance=self.instance)  # fmt: skip
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -104,7 +107,14 @@ class ProcessRuntime:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     # --- Runtime protocol -----------------------------------------------------------------
-    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+    async def start(
+        self,
+        deployment: str,
+        spec: RevisionSpec,
+        *,
+        pool: str | None = None,
+        instance: str | None = None,
+    ) -> ReplicaStatus:
         self._adopt()
         gpus = self.gpus.allocate(spec.gpus_per_replica)
         self._seq += 1
@@ -113,7 +123,7 @@ class ProcessRuntime:
         port = free_port(self.config.host)
         while port in used:
             port = free_port(self.config.host)
-        replica = _Replica(replica_id, deployment, spec, port, gpus)
+        replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
         self._replicas[replica_id] = replica
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
         return replica.status(self.config.host)
@@ -292,7 +302,8 @@ class ProcessRuntime:
 
     def _save(self) -> None:
         rows = [{"replica_id": r.replica_id, "deployment": r.deployment, "spec": r.spec.model_dump(),
-                 "port": r.port, "gpus": r.gpus, "pid": r.pid, "started_at": r.started_at.isoformat()}
+                 "port": r.port, "gpus": r.gpus, "pid": r.pid, "started_at": r.started_at.isoformat(),
+                 "pool": r.pool, "instance": r.instance}
                 for r in self._replicas.values() if r.pid is not None and r.state != "failed"]  # fmt: skip
         tmp = self._record.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
@@ -315,7 +326,7 @@ class ProcessRuntime:
                 continue
             replica = _Replica(row["replica_id"], row["deployment"],
                                RevisionSpec.model_validate(row["spec"]), row["port"], row["gpus"],
-                               pid=pid, started_at=datetime.fromisoformat(row["started_at"]))  # fmt: skip
+                               row.get("pool"), row.get("instance"), pid=pid, started_at=datetime.fromisoformat(row["started_at"]))  # fmt: skip
             self.gpus.take(replica.gpus)
             self._replicas[replica.replica_id] = replica
             replica.task = asyncio.create_task(

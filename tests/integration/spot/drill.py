@@ -2,18 +2,25 @@
 
 Control plane: PostgreSQL (the caller's migrated database), `run_bus` in this process with
 its re-plan hook running `replan` here and carrying procurement out synchronously on the
-local provider. Workload planes: two agents in this process over an authorized NATS, each
-with ProcessRuntime (engine-sim replicas) and its router. Cluster `spot-a` draws on a spot
-pool whose capacity is two spot instances held from the local provider; `od-b` draws on an
-on-demand pool with a quota and nothing held. Clients load `spot-a`'s router in a closed
-loop. The notice comes from the provider (`LocalProvider.interrupt`) and is reported by
-`spot-a`'s agent (its `SpotInterruptionNoticed` fact), as on a node that reads it from the
-instance metadata.
+local provider. Workload planes: agents in this process over an authorized NATS, each with
+ProcessRuntime (engine-sim replicas) and its router. The spot pool's capacity is two spot
+instances held from the local provider; the on-demand pool has a quota and nothing held.
+Clients load `spot-a`'s router in a closed loop. The notice comes from the provider
+(`LocalProvider.interrupt`) and is reported by `spot-a`'s agent (its
+`SpotInterruptionNoticed` fact), as on a node that reads it from the instance metadata.
 
-Why two clusters: the bus contract ties replicas to a cluster, not to a pool or an instance
-(`ReplicaStatus` names neither), so inside one cluster a re-plan that moves a replica from
-the spot pool to an on-demand pool leaves the cluster's count unchanged and the agent has
-nothing to drain. Across clusters the move is a count change the agent acts on.
+Two topologies:
+- **one cluster** (`one_cluster=True`): `spot-a` draws on both pools. The re-plan moves one
+  replica from the spot pool to the on-demand pool inside the cluster; the desired state's
+  per-pool quotas and its instance list (the victim marked draining, with its deadline) tell
+  the agent which replica must go: the one on the victim instance. Make before break: the
+  agent starts the replacement first and drains the victim's replica once it is ready (or
+  `DRAIN_LEAD_S` before the deadline, whichever comes first).
+- **two clusters**: `spot-a` has the spot pool, `od-b` the on-demand one; the replacement
+  starts on `od-b` and `spot-a` drains the replica on the victim at once (a plane cannot see
+  another plane's replicas become ready).
+
+At the deadline the provider takes the instance back: replicas still on it are SIGKILLed.
 
 Used by `test_spot_drain.py` (asserts) and `bench/spot.py` (prints), so both measure alike.
 """
@@ -67,6 +74,9 @@ DEPLOYMENT = "chat"
 SPOT, ON_DEMAND = "lab-spot", "lab-od"
 CLUSTER_SPOT, CLUSTER_OD = "spot-a", "od-b"
 TOKENS, TOKENS_PER_S = 40, 50  # 0.8 s per request
+DRAIN_LEAD_S = 3.0
+"""The agents drain a draining instance's replicas this long before its deadline at the
+latest (production default: 30 s of a 120 s AWS notice; here the notice is 8 s)."""
 
 
 @dataclass
@@ -87,19 +97,25 @@ class DrillResult:
     procured_s: float = float("nan")
     """→ the replacement instance running at the provider (acquired right after the
     re-plan's commit, as the `gpufleet.acquire` task would be)."""
+    one_cluster: bool = False
     drain_started_s: float = float("nan")
     """→ a `spot-a` replica draining (the router sends it nothing new)."""
+    drained_replica_instance: str | None = None
+    """The instance the drained replica ran on (the victim, when the right one drained)."""
+    replacement_ready_at_drain: bool = False
+    """Whether a replacement replica was ready when the drain began (make before break)."""
+    victim: str = ""
     in_flight_at_drain: int = 0
     """Requests the drained replica was serving when its drain began."""
     drained_s: float = float("nan")
     """→ that replica's process stopped, once its requests were done."""
     replacement_ready_s: float = float("nan")
-    """→ the replacement replica routable in `od-b`'s router."""
+    """→ the replacement replica (on the on-demand pool) routable in its plane's router."""
     released_s: float = float("nan")
     """→ the interrupted instance released at the provider (at its deadline)."""
     lost_at_deadline: list[str] = field(default_factory=list)
-    """`spot-a` replicas still running at the deadline beyond what its remaining spot
-    instance carries: the provider takes the instance back, so they are killed (SIGKILL)."""
+    """Replicas still running on the victim at the deadline: the provider takes the
+    instance back, so they are killed (SIGKILL)."""
     spot: Load = field(default_factory=Load)
     replacement: Load = field(default_factory=Load)
     replans: list[str] = field(default_factory=list)
@@ -124,9 +140,15 @@ def truncate(engine: Engine) -> None:
         conn.execute(text(f"TRUNCATE {names} CASCADE"))
 
 
-def build_fleet(factory: sessionmaker[Session]) -> dict[str, NatsCredentials]:
+def build_fleet(factory: sessionmaker[Session], one_cluster: bool) -> dict[str, NatsCredentials]:
     """Through the inventory service (the API's validation); returns each cluster's NATS
     credentials, shown once as the API would."""
+    clusters: list[tuple[str, dict[str, Any]]] = (
+        [("clusters", {"name": CLUSTER_SPOT, "region": "lab-local", "pools": [SPOT, ON_DEMAND]})]
+        if one_cluster else
+        [("clusters", {"name": CLUSTER_SPOT, "region": "lab-local", "pools": [SPOT]}),
+         ("clusters", {"name": CLUSTER_OD, "region": "lab-local", "pools": [ON_DEMAND]})]
+    )  # fmt: skip
     place = {"spot_allowed": True, "max_spot_fraction": 1.0}
     bodies: list[tuple[str, dict[str, Any]]] = [
         ("providers", {"name": "lab", "provider_kind": "local", "provider_class": "neocloud",
@@ -140,8 +162,7 @@ def build_fleet(factory: sessionmaker[Session]) -> dict[str, NatsCredentials]:
         ("pools", {"name": ON_DEMAND, "provider": "lab", "region": "lab-local",
                    "gpu_type": "L4", "purchase_type": "on_demand", "gpus": 0,
                    "gpus_per_instance": 1, "price_per_gpu_hour": "1.00", "quota_gpus": 4}),
-        ("clusters", {"name": CLUSTER_SPOT, "region": "lab-local", "pools": [SPOT]}),
-        ("clusters", {"name": CLUSTER_OD, "region": "lab-local", "pools": [ON_DEMAND]}),
+        *clusters,
         ("deployments", {"name": DEPLOYMENT, "model_id": DEPLOYMENT, "gpus_per_replica": 1,
                          "gpu_types": ["L4"], "engine_args": ["--tokens-per-s", str(TOKENS_PER_S)],
                          "autoscaling": {"min_replicas": 2, "max_replicas": 2,
@@ -246,15 +267,24 @@ class Plane:
     router: Router
     url: str
 
-    def routable(self) -> list[str]:
+    def routable(self, pool: str | None = None) -> list[str]:
+        on_pool = {rid for rid, r in self.runtime._replicas.items() if pool in (None, r.pool)}
         return [
             b.replica_id
             for b in self.router.backends.values()
-            if b.deployment == DEPLOYMENT and b.routable
+            if b.deployment == DEPLOYMENT and b.routable and b.replica_id in on_pool
         ]
 
     async def states(self) -> dict[str, str]:
         return {r.replica_id: r.state for r in await self.runtime.list_replicas()}
+
+    async def on_instance(self, instance: str) -> dict[str, str]:
+        """Replica id → state, of the replicas on `instance`."""
+        return {
+            r.replica_id: r.state
+            for r in await self.runtime.list_replicas()
+            if r.instance == instance
+        }
 
 
 @contextlib.asynccontextmanager
@@ -268,7 +298,11 @@ async def plane(
     )
     router = Router()
     agent = Agent(
-        cluster, runtime, DesiredStateStore(tmp / cluster / "state", fsync=False), router=router
+        cluster,
+        runtime,
+        DesiredStateStore(tmp / cluster / "state", fsync=False),
+        router=router,
+        drain_lead=timedelta(seconds=DRAIN_LEAD_S),
     )
     wire_runtime(agent, runtime)
     port, stop = free_port(), asyncio.Event()
@@ -365,9 +399,10 @@ async def run_drill(
     notice_s: float = 8.0,
     clients: int = 4,
     warm_s: float = 2.0,
+    one_cluster: bool = False,
 ) -> DrillResult:
     """One drill on an empty, migrated database; the caller truncates it afterwards."""
-    creds = build_fleet(factory)
+    creds = build_fleet(factory, one_cluster)
     local = LocalProvider(gpus_total=8, state_path=tmp / "local.json")
     d = Deps(factory=factory, providers=lambda row: local, replan=lambda reason: None)
     with transaction(factory) as s:  # the spot capacity: two instances, held before any plan
@@ -391,7 +426,7 @@ async def run_drill(
         ),
     )
     server = NatsServer(store_dir=tmp / "js", port=port, config_file=config).start()
-    result = DrillResult(notice_s=notice_s)
+    result = DrillResult(notice_s=notice_s, one_cluster=one_cluster)
     stop_bus, stop_load = asyncio.Event(), asyncio.Event()
     try:
         with patched(replanner, controlplane):
@@ -401,10 +436,13 @@ async def run_drill(
                 )
             )
             try:
-                async with (
-                    plane(CLUSTER_SPOT, server.url, creds[CLUSTER_SPOT], tmp) as a,
-                    plane(CLUSTER_OD, server.url, creds[CLUSTER_OD], tmp) as b,
-                ):
+                async with contextlib.AsyncExitStack() as planes:
+                    a = await planes.enter_async_context(
+                        plane(CLUSTER_SPOT, server.url, creds[CLUSTER_SPOT], tmp)
+                    )
+                    b = a if one_cluster else await planes.enter_async_context(
+                        plane(CLUSTER_OD, server.url, creds[CLUSTER_OD], tmp)
+                    )  # fmt: skip
                     await asyncio.to_thread(replanner, "initial")
                     await until(lambda: len(a.routable()) == 2, 30, "2 replicas on spot-a")
                     loads = [
@@ -418,8 +456,9 @@ async def run_drill(
                     await asyncio.gather(*loads)
                     result.final = {
                         CLUSTER_SPOT: sorted((await a.states()).values()),
-                        CLUSTER_OD: sorted((await b.states()).values()),
-                    }
+                        **({} if one_cluster else
+                           {CLUSTER_OD: sorted((await b.states()).values())}),
+                    }  # fmt: skip
             finally:
                 stop_load.set()
                 stop_bus.set()
@@ -443,6 +482,8 @@ async def _notice_and_follow(
     clients: int,
 ) -> None:
     victim = sorted(i for i, state in instances(factory, SPOT).items() if state == "running")[0]
+    result.victim = victim
+    assert await a.on_instance(victim), f"no replica on the victim {victim} to begin with"
     seen, od = len(replanner.log), pool_id(factory, ON_DEMAND)
     local.interrupt(victim, notice=timedelta(seconds=result.notice_s))
     (notice,) = [n for n in local.interruption_notices() if n.instance_id == victim]
@@ -477,17 +518,23 @@ async def _notice_and_follow(
                 if state == "draining":
                     drained, result.drain_started_s = rid, now
                     result.in_flight_at_drain = a.router.replica_in_flight(rid)
+                    result.drained_replica_instance = a.runtime._replicas[rid].instance
+                    result.replacement_ready_at_drain = any(
+                        r.pool == ON_DEMAND and r.state == "ready"
+                        for r in b.runtime._replicas.values()
+                    )
         elif drained not in states and math.isnan(result.drained_s):
             result.drained_s = now
-        if b.routable() and math.isnan(result.replacement_ready_s):
+        if b.routable(ON_DEMAND) and math.isnan(result.replacement_ready_s):
             result.replacement_ready_s = now
-            loads.append(
-                asyncio.create_task(
-                    closed_loop(b.url, max(1, clients // 2), stop_load, result.replacement)
+            if b is not a:  # one cluster: the same clients reach it through `spot-a`'s router
+                loads.append(
+                    asyncio.create_task(
+                        closed_loop(b.url, max(1, clients // 2), stop_load, result.replacement)
+                    )
                 )
-            )
         if time.perf_counter() >= deadline and math.isnan(result.released_s):
-            result.lost_at_deadline = reclaim(a, keep=1)
+            result.lost_at_deadline = await reclaim(a, victim)
             await asyncio.to_thread(replanner, "drain deadline")  # the 30 s timer, due now
             if victim not in {i.id for i in local.list_instances()}:
                 result.released_s = time.perf_counter() - t0
@@ -497,18 +544,13 @@ async def _notice_and_follow(
     await asyncio.sleep(0.5)  # a little load on the plan that results
 
 
-def reclaim(a: Plane, keep: int) -> list[str]:
-    """The provider taking the instance back at the deadline. Replicas are tied to the
-    cluster, not to an instance (see the module docstring), so the replicas beyond what
-    the remaining instances carry are the ones lost: SIGKILL, as a vanished machine."""
-    alive = sorted(
-        (r.state == "draining", rid) for rid, r in a.runtime._replicas.items() if r.pid is not None
-    )  # a draining one was on it: it goes first
-    alive = [rid for _, rid in alive]
-    lost = alive[keep:]
+async def reclaim(a: Plane, victim: str) -> list[str]:
+    """The provider taking the instance back at the deadline: the replicas still running on
+    it are lost (SIGKILL, as a vanished machine)."""
+    lost = sorted(await a.on_instance(victim))
     for rid in lost:
         pid = a.runtime._replicas[rid].pid
-        assert pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
     return lost

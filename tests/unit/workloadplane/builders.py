@@ -42,9 +42,10 @@ class RecordingRuntime:
         self.calls: list[tuple[str, str]] = []
         self._ids = itertools.count(1)
 
-    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
+    async def start(self, deployment: str, spec: RevisionSpec, *, pool: str | None = None,
+                    instance: str | None = None) -> ReplicaStatus:  # fmt: skip
         replica = make_replica(f"{deployment}-{next(self._ids)}", deployment, spec.revision,
-                               "starting")  # fmt: skip
+                               "starting").model_copy(update={"pool": pool, "instance": instance})  # fmt: skip
         self.replicas[replica.replica_id] = replica
         self.calls.append(("start", replica.replica_id))
         return replica

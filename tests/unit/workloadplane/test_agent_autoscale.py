@@ -44,8 +44,9 @@ class Clock:
 class EndpointRuntime(RecordingRuntime):
     """RecordingRuntime whose replicas have endpoints, so the router tracks them."""
 
-    async def start(self, deployment: str, spec: RevisionSpec) -> ReplicaStatus:
-        replica = await super().start(deployment, spec)
+    async def start(self, deployment: str, spec: RevisionSpec, *, pool: str | None = None,
+                    instance: str | None = None) -> ReplicaStatus:  # fmt: skip
+        replica = await super().start(deployment, spec, pool=pool, instance=instance)
         port = 20000 + len(self.replicas)
         self.replicas[replica.replica_id] = replica.model_copy(
             update={"endpoint": f"http://127.0.0.1:{port}"}
