@@ -192,6 +192,8 @@ def _improve_one(plan: Plan, d: int, churn: float) -> bool:
             best = candidates(plan, d, exclude=p)
             q = int(np.argmin(best))
             if not best[q] < cost[p] - (churn if kept else 1e-9):
+                if not kept:  # no pool with room is cheaper, nor for d's cheaper pools
+                    return moved
                 break
             n = min(plan.alloc[d][p], int(t.cap[q] - plan.used[q]) // s)
             if kept:

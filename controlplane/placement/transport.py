@@ -14,7 +14,8 @@ its optimum is within a few GPUs of the whole-replica optimum and few values are
 penalty_c is far above any price and grows by PRIORITY_STEP per priority level, so placing
 wins over cost and higher priority over lower. Only each class's cheapest pools start as
 columns; columns with a negative reduced cost are added until none is left (column
-generation), so the answer is the optimum of the full LP. Quotas are floor(x).
+generation), so the answer is the optimum of the full LP; small problems start with every
+column. Quotas are floor(x).
 
 Deterministic: one thread, an iteration limit (never a time limit: no clock in a decision).
 Returns None when HiGHS is missing or does not finish; the caller then fills greedily.
@@ -32,6 +33,7 @@ MAX_ROUNDS = 30  # column-generation rounds
 ENTER_PER_CLASS = 32  # columns added per class and round, most negative first
 COVER = 3.0  # initial columns: cheapest pools holding COVER x the class's demand
 MIN_COLUMNS = 24
+ALL_COLUMNS = 60_000  # up to this many admissible pairs, all are columns from the start
 PRIORITY_STEP = 10.0
 MAX_PRIORITY_LEVELS = 5
 TOL = 1e-7
@@ -56,7 +58,10 @@ def _penalties(pr: Problem) -> np.ndarray:
 
 
 def _initial_columns(pr: Problem, upper: np.ndarray) -> np.ndarray:
-    """Boolean C x P: each class's cheapest admissible pools covering COVER x its demand."""
+    """Boolean C x P: each class's cheapest admissible pools covering COVER x its demand
+    (every admissible pair when there are few)."""
+    if np.count_nonzero(upper) <= ALL_COLUMNS:  # one dual simplex run beats several rounds
+        return upper > 0
     chosen = np.zeros(pr.cost.shape, dtype=bool)
     for c in range(len(pr.sizes)):
         idx = np.flatnonzero(upper[c] > 0)
