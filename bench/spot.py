@@ -9,15 +9,18 @@ runs after placement); the acquire task makes it exist. Measured from the notice
 requested, replacement decided, replacement ready (recorded running). Worst case adds the
 poll interval (beat schedule of `gpufleet.poll_interruptions`).
 
-Drills (both planes, a few): `tests/integration/spot/drill.py`, the same scenario the
-integration test asserts on. Two agents over an authorized NATS, each with engine-sim
-replicas (ProcessRuntime) behind its router; clients stream requests in a closed loop
+Drills (both planes, a few of each topology): `tests/integration/spot/drill.py`, the same
+scenario the integration test asserts on. Agents over an authorized NATS with engine-sim
+replicas (ProcessRuntime) behind their routers; clients stream requests in a closed loop
 through the spot cluster's router; the agent reports the notice (its
 `SpotInterruptionNoticed` fact) → the bus process records it → the re-plan (placement
-engine included) moves one replica to the on-demand cluster and buys its instance → the
-spot cluster drains one replica while the other starts it → at the deadline the instance is
-taken back (replicas still on it are killed) and released. Measured: notice → replacement
-decided / drain began / drained / replacement ready, and every failed request of the run.
+engine included) moves one replica to the on-demand pool and buys its instance → one
+cluster: the agent starts the replacement on the on-demand pool and drains the replica on
+the interrupted instance once it is ready; two clusters: the spot cluster drains the
+replica on the interrupted instance while the other cluster starts the replacement → at the
+deadline the instance is taken back (replicas still on it are killed) and released.
+Measured: notice → replacement decided / drain began / drained / replacement ready, and
+every failed request of the run.
 
 Target: replacement decided ≤ 1 s after the notice, 0 failed requests; the peer is the
 notice itself (AWS: 120 s, GCP: 30 s).
@@ -50,7 +53,7 @@ from controlplane.local.postgres import EmbeddedPostgres
 from controlplane.procurement_tasks import Deps, acquire_run, poll_interruptions_run, release_run
 from controlplane.services.procurement import Acquire, Policy, Release, plan_procurement
 from providers.local import LocalProvider
-from tests.integration.spot.drill import DrillResult, run_drill, truncate
+from tests.integration.spot.drill import DRAIN_LEAD_S, DrillResult, run_drill, truncate
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpufleet-xdg-"))
 POLL_INTERVAL_S = 0.5  # controlplane/tasks.py beat schedule for gpufleet.poll_interruptions
@@ -133,16 +136,17 @@ def trial(d: Deps, local: LocalProvider, pool: str, wanted: int) -> tuple[float,
 
 
 def drills(url: str, count: int, notice_s: float, clients: int) -> list[DrillResult]:
-    """`count` drills on the (emptied) database at `url`, one after the other."""
+    """`count` drills of each topology on the (emptied) database at `url`, one after the
+    other, one cluster first."""
     engine = make_engine(url, pool_size=8)
     factory = make_session_factory(engine)
     out = []
     try:
-        for _ in range(count):
+        for one_cluster in [True] * count + [False] * count:
             truncate(engine)
             tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-spot-drill-"))
             out.append(asyncio.run(run_drill(factory, url, tmp, notice_s=notice_s,
-                                             clients=clients)))  # fmt: skip
+                                             clients=clients, one_cluster=one_cluster)))  # fmt: skip
     finally:
         engine.dispose()
     return out
@@ -157,7 +161,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--instances", type=int, default=16)
-    parser.add_argument("--drills", type=int, default=3, help="two-plane drills under load")
+    parser.add_argument("--drills", type=int, default=2,
+                        help="drills under load, of each topology (one cluster, two)")  # fmt: skip
     parser.add_argument("--notice-s", type=float, default=8.0, help="drill notice (AWS: 120)")
     parser.add_argument("--clients", type=int, default=4, help="drill: streaming clients")
     args = parser.parse_args()
@@ -197,8 +202,9 @@ def main() -> None:
             f"  notice → {name:<20} p50 {p(xs, 0.5):7.1f} ms  p99 {p(xs, 0.99):7.1f} ms  "
             f"mean {statistics.mean(xs):7.1f} ms"
         )
-    print(f"drills (two planes, engine-sim, {args.clients} streaming clients, notice "
-          f"{args.notice_s:g} s, agent fact path, placement engine included):")  # fmt: skip
+    print(f"drills ({args.drills} in one cluster, then {args.drills} across two; engine-sim, "
+          f"{args.clients} streaming clients, notice {args.notice_s:g} s, drain lead "
+          f"{DRAIN_LEAD_S:g} s, agent fact path, placement engine included):")  # fmt: skip
     for name, attr, unit in (
         ("replacement decided", "decided_s", 1000),
         ("replacement bought", "procured_s", 1000),
@@ -210,6 +216,11 @@ def main() -> None:
         print(f"  notice → {name:<20} " + "  ".join(f"{x:7.1f}" for x in xs) + " ms")
     print("  in flight on the drained replica when its drain began: "
           + "  ".join(str(r.in_flight_at_drain) for r in runs))  # fmt: skip
+    print("  drained the replica on the interrupted instance: "
+          + "  ".join(str(r.drained_replica_instance == r.victim) for r in runs))  # fmt: skip
+    print("  replacement ready when the drain began: "
+          + "  ".join(str(r.replacement_ready_at_drain) for r in runs))  # fmt: skip
+    right = all(r.drained_replica_instance == r.victim for r in runs)
     failed = sum(r.failed for r in runs)
     total = sum(r.requests for r in runs)
     lost = sum(len(r.lost_at_deadline) for r in runs)
@@ -228,13 +239,15 @@ def main() -> None:
         and failed == 0
         and lost == 0
         and released
+        and right
         and bool(runs)
     )
     print(
         f"spot: notice → replacement decided p99 {p(decided, 0.99):.1f} ms (+{POLL_INTERVAL_S * 1000:.0f} ms "
-        f"poll = {worst:.0f} ms worst), two-plane drills max {drill_decided:.0f} ms "
+        f"poll = {worst:.0f} ms worst), drills max {drill_decided:.0f} ms "
         f"(target ≤ {TARGET_S * 1000:.0f} ms, notice window 120 s); failed requests during "
-        f"drain {failed} of {total} ({len(runs)} drills, target 0) {'PASS' if ok else 'FAIL'}"
+        f"drain {failed} of {total} ({len(runs)} drills, one and two clusters, target 0) "
+        f"{'PASS' if ok else 'FAIL'}"
     )
 
 

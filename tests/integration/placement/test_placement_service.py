@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import yaml
 from sqlalchemy import select, text, update
 
 from controlplane.db import models as m
+from controlplane.db.session import transaction
+from controlplane.services import procurement
 from controlplane.services.desired import desired_state
 from controlplane.services.inventory import Actor
 from controlplane.services.manifests import apply_manifests
@@ -102,6 +105,32 @@ def test_the_desired_state_of_a_cluster_carries_its_placed_deployments(
     assert eu.spec.gpus_per_replica == 2
     assert eu.quota.max >= eu.quota.min >= 1
     assert eu.pools == ["aws-euc1-h100-od"]
+    [quota] = eu.pool_quotas
+    assert (quota.pool, quota.min, quota.max) == ("aws-euc1-h100-od", eu.quota.min, eu.quota.max)
+
+
+def test_a_spot_notice_reaches_the_clusters_desired_state_as_a_draining_instance(
+    demo, operator, session_factory
+):
+    operator.post("placement/replan", {})
+    deadline = datetime.now(UTC) + timedelta(minutes=2)
+    with transaction(session_factory) as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-euc1-h100-od")).one()
+        for iid in ("i-1", "i-2"):
+            s.add(m.Instance(pool_id=pool.id, cluster_id=cluster.id, provider_instance_id=iid,
+                             idempotency_key=f"test-{iid}", gpus=8, state="running"))  # fmt: skip
+        s.flush()
+        before = cluster.desired_generation
+        assert procurement.note_interruption(s, "i-1", deadline, datetime.now(UTC), "test")
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        state = desired_state(s, cluster)
+    assert cluster.desired_generation > before, "the agent must hear of it"
+    assert [(i.id, i.pool, i.gpus, i.draining, i.drain_deadline) for i in state.instances] == [
+        ("i-1", "aws-euc1-h100-od", 8, True, deadline),
+        ("i-2", "aws-euc1-h100-od", 8, False, None),
+    ]
 
 
 def test_a_waiting_replan_runs_once_the_running_one_is_done(demo, session_factory):
