@@ -143,8 +143,12 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
     levels = sorted(set(top))
     rank = np.array([levels.index(p) for p in top], dtype=np.int64)
     free = t.cap - plan.used
+    spread = (
+        transport.Spread(t.pool_provider, _spread_caps(plan, members, "providers")),
+        transport.Spread(t.pool_region, _spread_caps(plan, members, "regions")),
+    )
     quotas = transport.solve(
-        transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy())
+        transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy(), spread)
     )
     if quotas is None:
         quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
@@ -153,6 +157,38 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
         plan.reserved += quotas[c] * sizes[c]
         for d in ds:
             plan.quota[d] = quotas[c]
+
+
+def _spread_caps(plan: Plan, members: list[list[int]], kind: str) -> np.ndarray:
+    """Most replicas each class may put on one provider (region): C x G, inf if unlimited.
+
+    A member asking for k distinct ones with target n holds at most n - min(k, n) + 1 on
+    one of them once fully placed (less what it already holds there), so that it can
+    still reach the other k - 1; the class's cap is the sum over its members.
+    """
+    t = plan.t
+    deps = t.inp.deployments
+    key = t.pool_provider if kind == "providers" else t.pool_region
+    n_groups = len(t.providers) if kind == "providers" else len(t.region_index)
+    caps = np.full((len(members), n_groups), np.inf)
+    for c, ds in enumerate(members):
+        pol = deps[ds[0]].policy
+        want = pol.min_distinct_providers if kind == "providers" else pol.min_distinct_regions
+        if want < 2:
+            continue
+        row = np.zeros(n_groups)
+        for d in ds:
+            n = deps[d].target_replicas
+            missing = n - plan.placed(d)
+            most = n - min(want, n) + 1
+            row += min(missing, most)
+            held: dict[int, int] = {}
+            for p, k in plan.alloc[d].items():
+                held[int(key[p])] = held.get(int(key[p]), 0) + k
+            for g, k in held.items():
+                row[g] += min(missing, max(0, most - k)) - min(missing, most)
+        caps[c] = row
+    return caps
 
 
 def _greedy_quotas(cost, sizes, demand, spot, rank, free, is_spot) -> np.ndarray:
@@ -170,10 +206,11 @@ def solve(plan: Plan, order: list[int]) -> None:
     # LP quotas, then a second LP for what rounding and the spread rule left over
     for last in (False, True):
         assign_quotas(plan, order)
-        for d in order:
-            missing = deps[d].target_replicas - plan.placed(d)
-            if missing > 0:
-                fill(plan, d, missing, only_quota=not last)
+        for first in (True, False):  # every member spreads before any takes the rest
+            for d in order:
+                missing = deps[d].target_replicas - plan.placed(d)
+                if missing > 0:
+                    fill(plan, d, missing, only_quota=not last, spread_first=first)
         plan.quota.clear()
         plan.reserved = None
     for d in order:

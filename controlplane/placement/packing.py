@@ -168,18 +168,38 @@ def spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str
     return np.where(new_p | new_r, cost, INF), "min_distinct_providers"
 
 
-def fill(plan: Plan, d: int, k: int, only_quota: bool = False) -> int:
+def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray) -> int:
+    """While d does not yet span what it asks for: the admissible quota pool whose provider
+    (region) holds the most class quota left, so that the members of a class, each taking
+    its first replicas this way, share the providers the class LP spread them over."""
+    t = plan.t
+    ok = np.isfinite(cost) & (quota > 0)
+    if not ok.any():
+        return int(np.argmin(cost))
+    provs, _regs = plan.spread_sets(d)
+    kp, _kr = spread_need(plan, d, t.inp.deployments[d].target_replicas)
+    key = t.pool_provider if len(provs) < kp else t.pool_region
+    left = np.bincount(key, weights=quota, minlength=int(key.max()) + 1)[key]
+    idx = np.flatnonzero(ok)
+    return int(idx[np.lexsort((idx, cost[idx], -left[idx]))[0]])
+
+
+def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: bool = False) -> int:
     """Place up to k more replicas of d, cheapest pool first; returns how many it placed.
 
     While the deployment spans fewer providers/regions than its policy asks, each replica
     must add one; if none can, it stops (more replicas on the same provider would break
     the spread rule) and records the binding constraint in plan.blocked. `only_quota`
-    restricts it to the pools of its class quota.
+    restricts it to the pools of its class quota; `spread_first` stops once the
+    deployment spans what it asks for (the rest comes in a later sweep).
     """
     t = plan.t
     s = plan.size(d)
     placed = 0
     while placed < k:
+        reached = spread_reached(plan, d)
+        if spread_first and reached:
+            break
         cost = candidates(plan, d)
         cost, unmet = spread_filter(plan, d, cost)
         free = free_for(plan, d)
@@ -190,13 +210,16 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False) -> int:
             cost = np.where(quota > 0, cost - QUOTA_BONUS, cost)
             if plan.spot_budget(d) > 0:  # spot quota is only usable by members with budget
                 cost = np.where((quota > 0) & t.is_spot, cost - QUOTA_BONUS, cost)
-        p = int(np.argmin(cost + EPS_FIT * free))
+        if quota is not None and not reached:
+            p = _spread_pick(plan, d, cost, quota)
+        else:
+            p = int(np.argmin(cost + EPS_FIT * free))
         if not math.isfinite(cost[p]):
             plan.blocked[d] = unmet or "capacity"
             return placed
         # one replica at a time until the spread rule holds for the target: a first batch
         # on one provider would have to be trimmed if no second provider has room
-        n = 1 if unmet or not spread_reached(plan, d) else min(k - placed, int(free[p]) // s)
+        n = 1 if unmet or not reached else min(k - placed, int(free[p]) // s)
         if t.is_spot[p]:
             n = min(n, plan.spot_budget(d))
         if quota is not None and quota[p] > 0:

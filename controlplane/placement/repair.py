@@ -23,6 +23,7 @@ from controlplane.placement.packing import (
     candidates,
     fill,
     spread_filter,
+    spread_need,
     spread_ok,
 )
 
@@ -126,33 +127,61 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
 
 
 def displace(plan: Plan, d: int) -> bool:
-    """Evict lower-priority replicas from the cheapest pool where that frees room for d."""
+    """Evict lower-priority replicas from the cheapest pool where that frees room for d,
+    preferring pools and victims where no victim's spread rule breaks (a victim left on
+    one provider would lose all but one replica)."""
     t = plan.t
-    deps = t.inp.deployments
-    prio = deps[d].priority
     s = plan.size(d)
     ok = t.compat(d) & (t.cap >= s)
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot
     cost = np.where(ok, t.cost(d), INF)
-    for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
-        p = int(p)
-        if not math.isfinite(cost[p]):
-            return False
-        lower = sorted(
-            (e for e in plan.members[p] if deps[e].priority < prio),
-            key=lambda e: (deps[e].priority, plan.size(e), e),
-        )
-        room = int(t.cap[p] - plan.used[p])
-        if room + sum(plan.members[p][e] * plan.size(e) for e in lower) < s:
-            continue
-        for e in lower:
-            while e in plan.members[p] and t.cap[p] - plan.used[p] < s:
-                plan.remove(e, p, 1)
-                by = plan.displaced.setdefault(e, {})
-                by[d] = by.get(d, 0) + 1
-        return True
+    pools = [int(p) for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]]
+    pools = [p for p in pools if math.isfinite(cost[p])]
+    for harmless in (True, False):
+        for p in pools:
+            victims = _victims(plan, d, p, harmless)
+            if victims is not None:
+                for e in victims:
+                    plan.remove(e, p, 1)
+                    by = plan.displaced.setdefault(e, {})
+                    by[d] = by.get(d, 0) + 1
+                return True
     return False
+
+
+def _victims(plan: Plan, d: int, p: int, harmless: bool) -> list[int] | None:
+    """Lower-priority replicas (one entry per replica) to evict from p to fit one of d."""
+    t = plan.t
+    deps = t.inp.deployments
+    prio = deps[d].priority
+    need = plan.size(d) - int(t.cap[p] - plan.used[p])
+    lower = sorted(
+        (e for e in plan.members[p] if deps[e].priority < prio),
+        key=lambda e: (deps[e].priority, _breaks_spread(plan, e, p), plan.size(e), e),
+    )
+    out: list[int] = []
+    for e in lower:
+        for n in range(1, plan.members[p][e] + 1):
+            if need <= 0:
+                return out
+            if harmless and _breaks_spread(plan, e, p, n):
+                break
+            out.append(e)
+            need -= plan.size(e)
+    return out if need <= 0 else None
+
+
+def _breaks_spread(plan: Plan, e: int, p: int, n: int = 1) -> bool:
+    """Would removing n replicas of e from pool p leave e spanning too few providers or
+    regions for what it keeps?"""
+    t = plan.t
+    alloc = plan.alloc[e]
+    left = plan.placed(e) - n
+    kp, kr = spread_need(plan, e, left)
+    provs = {int(t.pool_provider[q]) for q, k in alloc.items() if k - n * (q == p) > 0}
+    regs = {int(t.pool_region[q]) for q, k in alloc.items() if k - n * (q == p) > 0}
+    return len(provs) < kp or len(regs) < kr
 
 
 def rehome_displaced(plan: Plan) -> None:

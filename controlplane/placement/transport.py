@@ -7,10 +7,14 @@ The LP chooses x[c, p] replicas of class c in pool p, 0 <= x <= floor(free_p / s
        sum_c size_c * x[c, p] <= free_p               (no pool over-committed)
        sum_{p spot} x[c, p] <= spot_c                 (summed spot budgets of the class)
        sum_{c: S | size_c} size_c * x[c, p] <= S * floor(free_p / S)   (divisibility cuts)
+       sum_{p in g} x[c, p] <= spread cap[c, g]        (per provider g, per region g)
 The divisibility cuts, one per pool and replica size S > 1 that does not divide free_p,
 hold for whole replicas (replicas whose size is a multiple of S use a multiple of S GPUs).
 Without them the LP fills a pool's odd remainder with fractions of big replicas; with them
 its optimum is within a few GPUs of the whole-replica optimum and few values are fractional.
+The spread caps (the caller's: the most replicas of the class one provider or region may
+hold so that every member can still span the providers/regions it asks for) keep the
+quotas of a spread-needing class on enough providers for its members to share.
 penalty_c is far above any price and grows by PRIORITY_STEP per priority level, so placing
 wins over cost and higher priority over lower. Only each class's cheapest pools start as
 columns; columns with a negative reduced cost are added until none is left (column
@@ -37,6 +41,17 @@ ALL_COLUMNS = 60_000  # up to this many admissible pairs, all are columns from t
 PRIORITY_STEP = 10.0
 MAX_PRIORITY_LEVELS = 5
 TOL = 1e-7
+MIP_POOLS = 16  # pools with room per class in the rounding MIP, besides the split ones
+MIP_NODES = 200  # branch-and-bound nodes of the whole-replica rounding MIP
+MIP_GAP = 1e-6  # relative to an objective dominated by the unplaced penalty
+
+
+@dataclass(frozen=True)
+class Spread:
+    """At most cap[c, g] replicas of class c in the pools of group g (a provider, a region)."""
+
+    group: np.ndarray  # P, int: the group of each pool
+    cap: np.ndarray  # C x G, inf where unlimited
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,7 @@ class Problem:
     priority_rank: np.ndarray  # C, 0 = lowest priority present
     free: np.ndarray  # P, GPUs free
     is_spot: np.ndarray  # P, bool
+    spread: tuple[Spread, ...] = ()
 
 
 def _penalties(pr: Problem) -> np.ndarray:
@@ -113,10 +129,22 @@ def _cuts(pr: Problem, first_row: int) -> _Cuts:
     return _Cuts(row, bound, divides.reshape(len(pr.sizes), len(divisors)))
 
 
+def _spread_rows(sp: Spread, upper: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row index per (class, group) whose cap binds (else -1), and the caps in row order."""
+    n_groups = sp.cap.shape[1]
+    onehot = np.zeros((len(sp.group), n_groups))
+    onehot[np.arange(len(sp.group)), sp.group] = 1.0
+    room = upper @ onehot  # C x G: replicas the class could put in the group at most
+    cs, gs = np.nonzero(sp.cap < room)
+    row = np.full(sp.cap.shape, -1, dtype=np.int64)
+    row[cs, gs] = first + np.arange(len(cs))
+    return row, sp.cap[cs, gs]
+
+
 class _Model:
     """The HiGHS model; rows: classes, pools, per-class spot rows, divisibility cuts."""
 
-    def __init__(self, pr: Problem, upper: np.ndarray) -> None:
+    def __init__(self, pr: Problem, upper: np.ndarray, whole: bool = False) -> None:
         import highspy
 
         self.hs = highspy
@@ -127,16 +155,29 @@ class _Model:
         self.cols_p = np.zeros(0, dtype=np.int64)
         h = silent_highs()
         h.setOptionValue("threads", 1)
-        h.setOptionValue("presolve", "off")
-        h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)
+        if whole:  # a MIP: bounded by nodes (never by time), stops at a tiny gap
+            h.setOptionValue("mip_max_nodes", MIP_NODES)
+            h.setOptionValue("mip_rel_gap", MIP_GAP)
+            for heuristic in ("rins", "rens", "root_reduced_cost"):  # sub-MIPs: slow here
+                h.setOptionValue(f"mip_heuristic_run_{heuristic}", False)
+        else:
+            h.setOptionValue("presolve", "off")
+            h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)
+        self.whole = whole
         inf = highspy.kHighsInf
         n_c = self.n_c
         self.cuts = _cuts(pr, 2 * n_c + self.n_p)
-        n_cut = len(self.cuts.bound)
-        lower = np.concatenate([pr.demand, np.full(self.n_p + n_c + n_cut, -inf)]).astype(float)
-        upper_rows = np.concatenate([pr.demand, pr.free, pr.spot_cap, self.cuts.bound])
-        upper_rows = upper_rows.astype(float)
-        n_rows = len(lower)
+        first = 2 * n_c + self.n_p + len(self.cuts.bound)
+        self.spread_rows: list[np.ndarray] = []  # per Spread: C x G row index or -1
+        bounds = [pr.demand, pr.free, pr.spot_cap, self.cuts.bound]
+        for sp in pr.spread:
+            row, bound = _spread_rows(sp, upper, first)
+            self.spread_rows.append(row)
+            bounds.append(bound)
+            first += len(bound)
+        upper_rows = np.concatenate(bounds).astype(float)
+        n_rows = len(upper_rows)
+        lower = np.concatenate([pr.demand, np.full(n_rows - n_c, -inf)]).astype(float)
         empty = np.zeros(0, dtype=np.int32)
         h.addRows(n_rows, lower, upper_rows, 0, np.zeros(n_rows, np.int32), empty, np.zeros(0))
         penalty = _penalties(pr) * pr.sizes
@@ -170,6 +211,12 @@ class _Model:
             cols.append(on)
             rows.append(row[on])
             vals.append(size[on])
+        for sp, sp_rows in zip(self.pr.spread, self.spread_rows, strict=True):
+            row = sp_rows[cs, sp.group[ps]]
+            on = np.flatnonzero(row >= 0)
+            cols.append(on)
+            rows.append(row[on])
+            vals.append(np.ones(len(on)))
         col, row, val = (np.concatenate(a) for a in (cols, rows, vals))
         order = np.lexsort((row, col))
         starts = np.searchsorted(col[order], j).astype(np.int32)
@@ -185,15 +232,34 @@ class _Model:
             index,
             val[order],
         )
+        if self.whole:
+            first = self.n_c + len(self.cols_c)
+            cols = np.arange(first, first + n, dtype=np.int32)
+            self.h.changeColsIntegrality(n, cols, np.ones(n, dtype=np.uint8))
         self.cols_c = np.concatenate([self.cols_c, cs])
         self.cols_p = np.concatenate([self.cols_p, ps])
 
     def run(self) -> bool:
         self.h.run()
+        if self.whole:  # a node limit still leaves a whole-replica solution to use
+            return self.h.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
         return self.h.getModelStatus() == self.hs.HighsModelStatus.kOptimal
 
     def entering(self, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Absent columns with a negative reduced cost under the current duals."""
+        rc, y_c = self.reduced_costs()
+        bad = (rc < -TOL * (1.0 + np.abs(y_c[:, None]))) & (self.upper > 0) & ~present
+        rc = np.where(bad, rc, np.inf)
+        k = min(ENTER_PER_CLASS, self.n_p)
+        best = np.argpartition(rc, k - 1, axis=1)[:, :k]
+        cs = np.repeat(np.arange(self.n_c), k)
+        ps = best.ravel()
+        keep = np.isfinite(rc[cs, ps])
+        return cs[keep], ps[keep]
+
+    def reduced_costs(self) -> tuple[np.ndarray, np.ndarray]:
+        """C x P reduced costs of every (class, pool) under the current duals, and the
+        class rows' duals."""
         pr = self.pr
         y = np.asarray(self.h.getSolution().row_dual)
         n_c, n_p = self.n_c, self.n_p
@@ -205,20 +271,25 @@ class _Model:
         with np.errstate(invalid="ignore"):
             rc = pr.sizes[:, None] * (pr.cost - y_pool) - y_c[:, None]
             rc -= np.where(pr.is_spot[None, :], y_s[:, None], 0.0)
-        bad = (rc < -TOL * (1.0 + np.abs(y_c[:, None]))) & (self.upper > 0) & ~present
-        rc = np.where(bad, rc, np.inf)
-        k = min(ENTER_PER_CLASS, self.n_p)
-        best = np.argpartition(rc, k - 1, axis=1)[:, :k]
-        cs = np.repeat(np.arange(self.n_c), k)
-        ps = best.ravel()
-        keep = np.isfinite(rc[cs, ps])
-        return cs[keep], ps[keep]
+        for sp, sp_rows in zip(pr.spread, self.spread_rows, strict=True):
+            rc -= np.where(sp_rows >= 0, y[np.maximum(sp_rows, 0)], 0.0)[:, sp.group]
+        return rc, y_c
 
     def solution(self) -> np.ndarray:
         x = np.asarray(self.h.getSolution().col_value)[self.n_c :]
-        out = np.zeros((self.n_c, self.n_p), dtype=np.int64)
-        out[self.cols_c, self.cols_p] = np.floor(x + 1e-6).astype(np.int64)
+        out = np.zeros((self.n_c, self.n_p))
+        out[self.cols_c, self.cols_p] = x
         return out
+
+
+def _upper(pr: Problem) -> np.ndarray:
+    """Most replicas of class c that pool p can take: room, spot budget, demand."""
+    with np.errstate(invalid="ignore"):
+        upper = np.where(
+            np.isfinite(pr.cost), np.maximum(pr.free, 0)[None, :] // pr.sizes[:, None], 0
+        )
+    upper = np.where(pr.is_spot[None, :], np.minimum(upper, pr.spot_cap[:, None]), upper)
+    return np.minimum(upper, np.maximum(pr.demand, 0)[:, None])
 
 
 def solve(pr: Problem) -> np.ndarray | None:
@@ -227,12 +298,7 @@ def solve(pr: Problem) -> np.ndarray | None:
         import highspy  # noqa: F401
     except ImportError:  # pragma: no cover - highspy is a dependency; greedy fallback
         return None
-    with np.errstate(invalid="ignore"):
-        upper = np.where(
-            np.isfinite(pr.cost), np.maximum(pr.free, 0)[None, :] // pr.sizes[:, None], 0
-        )
-    upper = np.where(pr.is_spot[None, :], np.minimum(upper, pr.spot_cap[:, None]), upper)
-    upper = np.minimum(upper, pr.demand[:, None])
+    upper = _upper(pr)
     model = _Model(pr, upper)
     present = _initial_columns(pr, upper)
     model.add(*np.nonzero(present))
@@ -241,7 +307,67 @@ def solve(pr: Problem) -> np.ndarray | None:
             return None
         cs, ps = model.entering(present)
         if not len(cs):
-            return model.solution()
+            break
         present[cs, ps] = True
         model.add(cs, ps)
-    return model.solution()  # feasible, perhaps not optimal
+    # after MAX_ROUNDS: feasible, perhaps not optimal
+    return _whole(pr, model.solution(), model.reduced_costs()[0])
+
+
+def _whole(pr: Problem, x: np.ndarray, rc: np.ndarray) -> np.ndarray:
+    """Whole replicas from the LP's x: kept where x is whole; the pools where the LP split a
+    replica (few, thanks to the cuts) are re-solved as a small MIP, together with the room
+    left in each class's MIP_POOLS pools of least reduced cost (where the LP would put
+    more next). floor(x) if that MIP finds nothing."""
+    quotas = np.floor(x + 1e-6).astype(np.int64)
+    split = (x - quotas > 1e-6).any(axis=0)
+    if not split.any():
+        return quotas
+    fixed = np.where(split[None, :], 0, quotas)
+    rest = _remainder(pr, fixed)
+    upper = _upper(rest)
+    rc = np.where(upper > 0, np.nan_to_num(rc, nan=np.inf, posinf=np.inf), np.inf)
+    k = min(MIP_POOLS, rc.shape[1])
+    near = np.zeros(rc.shape, dtype=bool)
+    np.put_along_axis(near, np.argpartition(rc, k - 1, axis=1)[:, :k], True, axis=1)
+    columns = (upper > 0) & (near | split[None, :])
+    pools = np.flatnonzero(columns.any(axis=0))  # the MIP sees only these pools
+    model = _Model(_restricted(rest, pools), upper[:, pools], whole=True)
+    model.add(*np.nonzero(columns[:, pools]))
+    if not model.run():
+        return quotas
+    fixed[:, pools] += np.floor(model.solution() + 0.5).astype(np.int64)
+    return fixed
+
+
+def _restricted(pr: Problem, pools: np.ndarray) -> Problem:
+    """The same problem on a subset of the pools."""
+    return Problem(
+        cost=pr.cost[:, pools],
+        sizes=pr.sizes,
+        demand=pr.demand,
+        spot_cap=pr.spot_cap,
+        priority_rank=pr.priority_rank,
+        free=pr.free[pools],
+        is_spot=pr.is_spot[pools],
+        spread=tuple(Spread(sp.group[pools], sp.cap) for sp in pr.spread),
+    )
+
+
+def _remainder(pr: Problem, fixed: np.ndarray) -> Problem:
+    """The problem left once the replicas in `fixed` are placed."""
+    spread = []
+    for sp in pr.spread:
+        onehot = np.zeros((len(sp.group), sp.cap.shape[1]))
+        onehot[np.arange(len(sp.group)), sp.group] = 1.0
+        spread.append(Spread(sp.group, sp.cap - fixed @ onehot))
+    return Problem(
+        cost=pr.cost,
+        sizes=pr.sizes,
+        demand=pr.demand - fixed.sum(axis=1),
+        spot_cap=pr.spot_cap - fixed[:, pr.is_spot].sum(axis=1),
+        priority_rank=pr.priority_rank,
+        free=pr.free - fixed.T @ pr.sizes,
+        is_spot=pr.is_spot,
+        spread=tuple(spread),
+    )
