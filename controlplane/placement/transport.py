@@ -320,7 +320,7 @@ def _whole(pr: Problem, x: np.ndarray, rc: np.ndarray) -> np.ndarray:
     left in each class's MIP_POOLS pools of least reduced cost (where the LP would put
     more next). floor(x) if that MIP finds nothing."""
     quotas = np.floor(x + 1e-6).astype(np.int64)
-    split = (x - quotas > 1e-6).any(axis=0)
+    split: np.ndarray = np.any(x - quotas > 1e-6, axis=0)
     if not split.any():
         return quotas
     fixed = np.where(split[None, :], 0, quotas)
