@@ -113,23 +113,25 @@ class Agent:
         if self.bus is not None:
             self.bus.publish_fact(fact)
 
-    async def on_desired(self, state: DesiredState) -> None:
-        """Accept a snapshot if it is newer; persist it before acting on it."""
+    async def on_desired(self, state: DesiredState, raw: bytes | None = None) -> None:
+        """Accept a snapshot if it is newer; persist it before acting on it. ``raw``: the
+        bytes it was decoded from, saved as they are (no re-encoding on the hot path)."""
         async with self._lock:
             if not should_apply(self.desired, state, self.cluster):
                 return
-            self.store.save(state)
+            self.store.save(state, raw)
             self.desired = state
+            self._unsynced = True  # synced after the reconcile pass it wakes
         self._wake.set()
-        self._schedule_sync()
 
     def _schedule_sync(self) -> None:
         """fsync in a thread, off the propagation path, coalescing bursts of snapshots.
+        Started after the reconcile pass that acts on the snapshot, so that handing the work
+        to a thread does not sit between the snapshot and its acknowledgement.
 
-        The rename already happened, so an agent crash cannot lose the snapshot; only a
+        The write already happened, so an agent crash cannot lose the snapshot; only a
         power loss within the next few ms could — and it takes the replicas with it, and the
         control plane re-sends the newest generation on reconnect."""
-        self._unsynced = True
         if self._sync_task is None or self._sync_task.done():
             self._sync_task = asyncio.create_task(self._sync_until_clean())
 
@@ -279,13 +281,18 @@ class Agent:
 
     async def reconcile_loop(self, interval: float) -> None:
         while True:
+            # asyncio.timeout, not wait_for: no extra task per wait, so a wake-up reaches
+            # reconcile in one hop (it is on the desired → applied path)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile_once()
             except Exception:
                 log.exception("reconcile pass failed; retrying")
+            if self._unsynced:
+                self._schedule_sync()
 
     async def heartbeat_loop(self, interval: float) -> None:
         while True:
@@ -339,6 +346,7 @@ async def serve(
                 await task
         await bus.close()
         agent.bus = None
+        agent.store.close()  # (re-opened by the next save if the agent is served again)
 
 
 async def run_agent(

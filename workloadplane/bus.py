@@ -4,8 +4,9 @@
   key, delivering the last value first. It is re-created after every reconnect, and the key
   is also re-read every ``resync_interval`` — both are harmless because the agent applies
   only newer generations.
-- Heartbeats are best effort (the next one supersedes a lost one). Facts go through an
-  in-memory outbox and are retried until JetStream acknowledges them; ``Nats-Msg-Id`` (the
+- Heartbeats are best effort (the next one supersedes a lost one). Facts are sent at once
+  when nothing waits, else through an in-memory outbox, and are retried until JetStream
+  acknowledges them; ``Nats-Msg-Id`` (the
   envelope id) makes retries idempotent.
 - NATS being unreachable never raises out of here: the agent keeps serving.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -55,8 +57,10 @@ PUBLISH_FAILURES = Counter(
 
 KV_OPERATION = "KV-Operation"
 OUTBOX_LIMIT = 10_000
+OUTBOX_BATCH = 64
 
-DesiredHandler = Callable[[DesiredState], Awaitable[None]]
+DesiredHandler = Callable[[DesiredState, bytes], Awaitable[None]]
+"""Called with each decoded snapshot and the bytes it was decoded from."""
 
 
 class AgentBus:
@@ -83,6 +87,7 @@ class AgentBus:
         self._watch: JetStreamContext.PushSubscription | None = None
         self._outbox: collections.deque[Envelope] = collections.deque()
         self._outbox_ready = asyncio.Event()
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._connected = asyncio.Event()
         self._resync_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,9 +103,9 @@ class AgentBus:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._in_flight]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._in_flight]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._nc is not None:
@@ -196,7 +201,7 @@ class AgentBus:
             log.warning("rejected desired state for cluster %s", state.cluster)
             return
         try:
-            await self._on_desired(state)
+            await self._on_desired(state, data)
         except Exception:
             log.exception("applying desired state generation %s failed", state.generation)
 
@@ -249,7 +254,28 @@ class AgentBus:
         return True
 
     def publish_fact(self, fact: Envelope) -> None:
-        """Queue a fact; it is retried until JetStream acknowledges it."""
+        """Send a fact; it is retried until JetStream acknowledges it.
+
+        With nothing waiting in the outbox it is sent at once, in a task of its own (no hop
+        through the outbox task: facts are on the desired → applied path); one that fails
+        joins the outbox. Otherwise it queues behind what waits, in order. So facts keep
+        their order except around a failed send, which is retried after later ones."""
+        if not self._outbox and self.connected:
+            task = asyncio.create_task(self._send_now(fact))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            return
+        self._queue(fact)
+
+    async def _send_now(self, fact: Envelope) -> None:
+        try:
+            await self._publish(fact_subject(self.cluster, fact.type), fact)
+        except Exception as exc:
+            PUBLISH_FAILURES.labels(kind="fact").inc()
+            log.debug("fact %s not published yet: %s", fact.id, exc)
+            self._queue(fact)
+
+    def _queue(self, fact: Envelope) -> None:
         if len(self._outbox) >= OUTBOX_LIMIT:
             dropped = self._outbox.popleft()
             log.error("fact outbox full; dropping oldest %s %s", dropped.type, dropped.id)
@@ -257,16 +283,27 @@ class AgentBus:
         self._outbox_ready.set()
 
     async def _send_outbox(self) -> None:
+        """Publish what the outbox holds, a batch at a time, pipelined: every fact of a batch
+        is sent before the first acknowledgement is awaited (a fact queued behind another
+        does not wait a round trip). Acknowledged ones leave the outbox; the others stay, in
+        order, and are sent again after ``retry_delay`` (``Nats-Msg-Id`` de-duplicates)."""
         while True:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             while self._outbox:
-                fact = self._outbox[0]
-                try:
-                    await self._publish(fact_subject(self.cluster, fact.type), fact)
-                except Exception as exc:
-                    PUBLISH_FAILURES.labels(kind="fact").inc()
-                    log.debug("fact %s not published yet: %s", fact.id, exc)
+                batch = list(itertools.islice(self._outbox, OUTBOX_BATCH))
+                results = await asyncio.gather(
+                    *(self._publish(fact_subject(self.cluster, f.type), f) for f in batch),
+                    return_exceptions=True,
+                )
+                failed = []
+                for fact, result in zip(batch, results, strict=True):
+                    if self._outbox and self._outbox[0] is fact:  # (unless dropped when full)
+                        self._outbox.popleft()
+                    if isinstance(result, BaseException):
+                        PUBLISH_FAILURES.labels(kind="fact").inc()
+                        log.debug("fact %s not published yet: %s", fact.id, result)
+                        failed.append(fact)
+                if failed:
+                    self._outbox.extendleft(reversed(failed))
                     await asyncio.sleep(self._retry_delay)
-                    continue
-                self._outbox.popleft()

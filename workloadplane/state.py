@@ -3,12 +3,21 @@
 Static stability: with NATS or the control plane unreachable, the agent keeps reconciling
 against this snapshot. Generations only move forward: ``should_apply`` refuses anything
 not newer than what the agent already holds, so a late or replayed snapshot changes nothing.
+
+On disk: two slot files written in turn (``desired-state.0`` and ``.1``), each a header
+line — magic, payload length, CRC-32 — then the snapshot's JSON. A save is one ``pwrite``
+into a file kept open (about 1 µs here, against ~120 µs for temp file + rename: it is on
+the desired → applied path). A crash or power loss in the middle of a write leaves a slot
+whose CRC does not match; the other slot still holds the previous snapshot, and ``load``
+takes the newest valid one. ``sync`` (fdatasync, off the hot path) makes it survive a power
+loss. A ``desired-state.json`` left by an older agent is read too.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import zlib
 from pathlib import Path
 
 from controlplane.contracts import DesiredState, RejectedMessageError, decode_desired, encode
@@ -16,6 +25,30 @@ from controlplane.contracts import DesiredState, RejectedMessageError, decode_de
 log = logging.getLogger(__name__)
 
 STATE_FILE = "desired-state.json"
+"""Where agents before the slot files kept the snapshot (read, never written)."""
+SLOT_FILES = ("desired-state.0", "desired-state.1")
+MAGIC = b"GPFDS1"
+
+
+def frame(payload: bytes) -> bytes:
+    """Header line + payload, as a slot holds it."""
+    return b"%s %d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+def unframe(data: bytes) -> bytes | None:
+    """The payload of a slot, or None when it is empty, torn or not a slot at all."""
+    head, sep, rest = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 3 or parts[0] != MAGIC:
+        return None
+    try:
+        length, crc = int(parts[1]), int(parts[2], 16)
+    except ValueError:
+        return None
+    payload = rest[:length]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        return None
+    return payload
 
 
 def should_apply(current: DesiredState | None, incoming: DesiredState, cluster: str) -> bool:
@@ -26,58 +59,73 @@ def should_apply(current: DesiredState | None, incoming: DesiredState, cluster: 
 
 
 class DesiredStateStore:
-    """One JSON file in ``state_dir``, replaced atomically; fsync is a separate step so the
-    agent can take it off the propagation path."""
+    """Two slot files in ``state_dir`` written in turn (see the module docstring); fsync is
+    a separate step so the agent can take it off the propagation path."""
 
     def __init__(self, state_dir: Path, *, fsync: bool = True) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / STATE_FILE
         self._fsync = fsync
+        self._fds: list[int] = []
+        self._next = 0
+        """The slot the next save writes: never the one holding the newest snapshot."""
+        self._last = -1
+        self._new_files = False
 
     def load(self) -> DesiredState | None:
-        """The saved snapshot, or None if there is none or it cannot be read (logged)."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return decode_desired(data)
-        except RejectedMessageError as exc:
-            log.error("ignoring unreadable %s (%s); waiting for the control plane", self.path, exc)
-            return None
-
-    def save(self, state: DesiredState) -> None:
-        """Atomically replace the file (temp file + rename): a crash of the agent never
-        leaves a torn snapshot. Call ``sync`` to make it survive a power loss too."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        # one fixed temp name: the agent is the only writer (under its lock), and it saves
-        # on the propagation path, where mkstemp's random names cost ~20 % more
-        tmp = self.state_dir / ".desired.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+        """The newest valid snapshot, or None if there is none (unreadable ones logged)."""
+        found: list[tuple[int, int, DesiredState]] = []  # (generation, slot, state)
+        for slot, name in enumerate((*SLOT_FILES, STATE_FILE)):
             try:
-                data = memoryview(encode(state))
-                while data:  # a regular file takes it all at once, but write may be short
-                    data = data[os.write(fd, data) :]
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+                data = (self.state_dir / name).read_bytes()
+            except FileNotFoundError:
+                continue
+            payload = data if name == STATE_FILE else unframe(data)
+            if payload is None:
+                log.warning("ignoring torn or empty %s", self.state_dir / name)
+                continue
+            try:
+                state = decode_desired(payload)
+            except RejectedMessageError as exc:
+                log.error("ignoring unreadable %s (%s)", self.state_dir / name, exc)
+                continue
+            found.append((state.generation, slot, state))
+        if not found:
+            return None
+        _, slot, newest = max(found, key=lambda f: f[:2])
+        self._next = 1 - slot if slot < len(SLOT_FILES) else 0
+        return newest
+
+    def save(self, state: DesiredState, raw: bytes | None = None) -> None:
+        """Write the snapshot into the other slot. ``raw``: its encoded bytes when the
+        caller has them (as received), so the hot path does not encode it again."""
+        if not self._fds:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._new_files = not all((self.state_dir / n).exists() for n in SLOT_FILES)
+            self._fds = [
+                os.open(self.state_dir / n, os.O_RDWR | os.O_CREAT, 0o600) for n in SLOT_FILES
+            ]
+        data = memoryview(frame(raw if raw is not None else encode(state)))
+        fd, offset = self._fds[self._next], 0
+        while offset < len(data):  # a regular file takes it all at once; loop if short
+            offset += os.pwrite(fd, data[offset:], offset)
+        self._last, self._next = self._next, 1 - self._next
 
     def sync(self) -> None:
-        """fsync the file and its directory (slow on some disks: ~12 ms here). No-op when
-        the store was made with ``fsync=False``."""
-        if not self._fsync or not self.path.exists():
+        """fdatasync the slot last written (and the directory once, after creating the
+        files). No-op when the store was made with ``fsync=False``."""
+        if not self._fsync or self._last < 0:
             return
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
+        os.fdatasync(self._fds[self._last])
+        if self._new_files:
+            self._new_files = False
+            dir_fd = os.open(self.state_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+    def close(self) -> None:
+        for fd in self._fds:
             os.close(fd)
-        dir_fd = os.open(self.state_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        self._fds = []

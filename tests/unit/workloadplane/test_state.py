@@ -3,7 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.workloadplane.builders import make_deployment, make_desired
-from workloadplane.state import DesiredStateStore, should_apply
+from workloadplane.state import (
+    SLOT_FILES,
+    STATE_FILE,
+    DesiredStateStore,
+    frame,
+    should_apply,
+    unframe,
+)
 
 
 def test_save_then_load_round_trips(tmp_path: Path):
@@ -13,23 +20,61 @@ def test_save_then_load_round_trips(tmp_path: Path):
     store.save(state)
     store.sync()
     assert DesiredStateStore(tmp_path / "state").load() == state
-    assert [p.name for p in (tmp_path / "state").iterdir()] == ["desired-state.json"]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == list(SLOT_FILES)
 
 
-def test_save_replaces_atomically(tmp_path: Path):
+def test_saves_alternate_slots_and_the_newest_wins(tmp_path: Path):
     store = DesiredStateStore(tmp_path)
-    store.save(make_desired(1))
+    for generation in (1, 2, 3):
+        store.save(make_desired(generation, make_deployment(min_=generation)))
+    reloaded = DesiredStateStore(tmp_path)
+    loaded = reloaded.load()
+    assert loaded is not None and loaded.generation == 3
+    # after a restart the next save goes to the other slot: generation 3 stays on disk
+    reloaded.save(make_desired(4))
+    assert DesiredStateStore(tmp_path).load().generation == 4  # type: ignore[union-attr]
+    for slot in SLOT_FILES:  # lose the slot holding 4: 3 is what is left
+        data = (tmp_path / slot).read_bytes()
+        if unframe(data) is not None and b'"generation":4' in data:
+            (tmp_path / slot).write_bytes(b"")
+    assert DesiredStateStore(tmp_path).load().generation == 3  # type: ignore[union-attr]
+
+
+def test_a_torn_write_falls_back_to_the_previous_snapshot(tmp_path: Path):
+    """Power lost in the middle of a write: the slot's CRC does not match; the other slot
+    still holds the snapshot before it."""
+    store = DesiredStateStore(tmp_path)
+    store.save(make_desired(1, make_deployment(min_=1)))
+    store.save(make_desired(2, make_deployment(min_=2)))
+    newest = tmp_path / SLOT_FILES[1]
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # torn
+    loaded = DesiredStateStore(tmp_path).load()
+    assert loaded is not None and loaded.generation == 1
+    flipped = bytearray(data)
+    flipped[-3] ^= 0x01  # a bit flipped: same length, wrong CRC
+    newest.write_bytes(bytes(flipped))
+    loaded = DesiredStateStore(tmp_path).load()
+    assert loaded is not None and loaded.generation == 1
+
+
+def test_a_shorter_snapshot_over_a_longer_one_reads_back_exactly(tmp_path: Path):
+    store = DesiredStateStore(tmp_path)
+    big = make_desired(1, *(make_deployment(f"d{i}") for i in range(20)))
+    store.save(big)
     store.save(make_desired(2, make_deployment()))
-    loaded = store.load()
-    assert loaded is not None
-    assert loaded.generation == 2
-    assert not list(tmp_path.glob(".desired-*"))  # no temp files left behind
+    store.save(small := make_desired(3))  # over the big one's slot: trailing bytes ignored
+    assert DesiredStateStore(tmp_path).load() == small
 
 
-def test_unreadable_file_is_ignored_not_fatal(tmp_path: Path):
-    store = DesiredStateStore(tmp_path)
-    store.path.write_text('{"schema_version": 1, "half": ')
-    assert store.load() is None
+def test_an_older_agents_file_is_read_and_unreadable_files_are_ignored(tmp_path: Path):
+    legacy = make_desired(5, make_deployment())
+    (tmp_path / STATE_FILE).write_text(legacy.model_dump_json())
+    assert DesiredStateStore(tmp_path).load() == legacy
+    (tmp_path / STATE_FILE).write_text('{"schema_version": 1, "half": ')
+    (tmp_path / SLOT_FILES[0]).write_bytes(frame(b'{"not": "a desired state"}'))
+    assert DesiredStateStore(tmp_path).load() is None
+    assert unframe(b"garbage") is None and unframe(frame(b"ok")) == b"ok"
 
 
 def test_only_newer_generations_for_this_cluster_apply():
