@@ -83,6 +83,16 @@ class Tables:
     _cost_cache: dict[tuple, np.ndarray] = field(default_factory=dict)
     _masks: dict[int, np.ndarray] = field(default_factory=dict)
     _costs: dict[int, np.ndarray] = field(default_factory=dict)
+    _indices: dict[int, np.ndarray] = field(default_factory=dict)  # id(mask) -> its pools
+
+    def compat_index(self, d: int) -> np.ndarray:
+        """Indices of the pools compat(d) admits, ascending."""
+        mask = self.compat(d)
+        idx = self._indices.get(id(mask))  # masks live in _mask_cache: ids stay valid
+        if idx is None:
+            idx = np.flatnonzero(mask)
+            self._indices[id(mask)] = idx
+        return idx
 
     def compat(self, d: int) -> np.ndarray:
         """Pools deployment d may use, ignoring capacity, spread and spot fraction."""

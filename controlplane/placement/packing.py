@@ -150,8 +150,11 @@ def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
     return np.where(ok, t.cost(d), INF)
 
 
-def spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """Restrict to pools that add a needed provider/region; returns (costs, unmet need)."""
+def spread_filter(
+    plan: Plan, d: int, cost: np.ndarray, idx: np.ndarray | None = None
+) -> tuple[np.ndarray, str | None]:
+    """Restrict to pools that add a needed provider/region; returns (costs, unmet need).
+    `cost` is over all pools, or over the pools `idx` when given."""
     t = plan.t
     target = t.inp.deployments[d].target_replicas
     provs, regs = plan.spread_sets(d)
@@ -159,8 +162,10 @@ def spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str
     need_p, need_r = 0 < len(provs) < kp, 0 < len(regs) < kr
     if not (need_p or need_r):
         return cost, None
-    new_p = ~np.isin(t.pool_provider, list(provs)) if need_p else True
-    new_r = ~np.isin(t.pool_region, list(regs)) if need_r else True
+    prov = t.pool_provider if idx is None else t.pool_provider[idx]
+    reg = t.pool_region if idx is None else t.pool_region[idx]
+    new_p = ~np.isin(prov, list(provs)) if need_p else True
+    new_r = ~np.isin(reg, list(regs)) if need_r else True
     both = np.where(new_p & new_r, cost, INF)
     if np.isfinite(both).any() or not (need_p and need_r):
         unmet = "min_distinct_providers" if need_p else "min_distinct_regions"
@@ -168,20 +173,51 @@ def spread_filter(plan: Plan, d: int, cost: np.ndarray) -> tuple[np.ndarray, str
     return np.where(new_p | new_r, cost, INF), "min_distinct_providers"
 
 
-def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray) -> int:
+def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray, idx: np.ndarray) -> int:
     """While d does not yet span what it asks for: the admissible quota pool whose provider
     (region) holds the most class quota left, so that the members of a class, each taking
-    its first replicas this way, share the providers the class LP spread them over."""
+    its first replicas this way, share the providers the class LP spread them over.
+    `cost` is over the pools `idx`; returns a position in idx."""
     t = plan.t
-    ok = np.isfinite(cost) & (quota > 0)
-    if not ok.any():
-        return int(np.argmin(cost))
+    ok = np.flatnonzero(np.isfinite(cost) & (quota[idx] > 0))
+    if not len(ok):
+        return int(np.argmin(cost)) if len(cost) else -1
     provs, _regs = plan.spread_sets(d)
     kp, _kr = spread_need(plan, d, t.inp.deployments[d].target_replicas)
     key = t.pool_provider if len(provs) < kp else t.pool_region
-    left = np.bincount(key, weights=quota, minlength=int(key.max()) + 1)[key]
-    idx = np.flatnonzero(ok)
-    return int(idx[np.lexsort((idx, cost[idx], -left[idx]))[0]])
+    left = np.bincount(key, weights=quota, minlength=int(key.max()) + 1)[key[idx[ok]]]
+    return int(ok[np.lexsort((idx[ok], cost[ok], -left))[0]])
+
+
+def _options(
+    plan: Plan, d: int, only_quota: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None]:
+    """(pools, their effective cost for d now or inf, their free GPUs for d, unmet spread):
+    the cost of candidates() with spread_filter() and the quota bonus, on d's pools only."""
+    t = plan.t
+    quota = plan.quota.get(d)
+    if only_quota:
+        idx = np.flatnonzero(quota > 0) if quota is not None else np.zeros(0, dtype=np.int64)
+        idx = idx[t.compat(d)[idx]]
+    else:
+        idx = t.compat_index(d)
+    free = t.cap[idx] - plan.used[idx]
+    if plan.reserved is not None:
+        free = free - plan.reserved[idx]
+        if quota is not None:
+            free = free + quota[idx] * plan.size(d)
+    ok = free >= plan.size(d)
+    spot_ok = plan.spot_budget(d) > 0
+    if not spot_ok:
+        ok &= ~t.is_spot[idx]
+    cost = np.where(ok, t.cost(d)[idx], INF)
+    cost, unmet = spread_filter(plan, d, cost, idx)
+    if quota is not None:  # pools the class-level LP reserved for this shape first
+        q = quota[idx] > 0
+        cost = np.where(q, cost - QUOTA_BONUS, cost)
+        if spot_ok:  # spot quota is only usable by members with budget
+            cost = np.where(q & t.is_spot[idx], cost - QUOTA_BONUS, cost)
+    return idx, cost, free, unmet
 
 
 def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: bool = False) -> int:
@@ -200,26 +236,19 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: boo
         reached = spread_reached(plan, d)
         if spread_first and reached:
             break
-        cost = candidates(plan, d)
-        cost, unmet = spread_filter(plan, d, cost)
-        free = free_for(plan, d)
+        idx, cost, free, unmet = _options(plan, d, only_quota)
         quota = plan.quota.get(d)
-        if only_quota:
-            cost = np.where(quota > 0, cost, INF) if quota is not None else cost + INF
-        if quota is not None:  # pools the class-level flow reserved for this shape first
-            cost = np.where(quota > 0, cost - QUOTA_BONUS, cost)
-            if plan.spot_budget(d) > 0:  # spot quota is only usable by members with budget
-                cost = np.where((quota > 0) & t.is_spot, cost - QUOTA_BONUS, cost)
         if quota is not None and not reached:
-            p = _spread_pick(plan, d, cost, quota)
+            i = _spread_pick(plan, d, cost, quota, idx)
         else:
-            p = int(np.argmin(cost + EPS_FIT * free))
-        if not math.isfinite(cost[p]):
+            i = int(np.argmin(cost + EPS_FIT * free)) if len(idx) else -1
+        if i < 0 or not math.isfinite(cost[i]):
             plan.blocked[d] = unmet or "capacity"
             return placed
+        p = int(idx[i])
         # one replica at a time until the spread rule holds for the target: a first batch
         # on one provider would have to be trimmed if no second provider has room
-        n = 1 if unmet or not reached else min(k - placed, int(free[p]) // s)
+        n = 1 if unmet or not reached else min(k - placed, int(free[i]) // s)
         if t.is_spot[p]:
             n = min(n, plan.spot_budget(d))
         if quota is not None and quota[p] > 0:

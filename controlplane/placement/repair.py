@@ -29,7 +29,7 @@ from controlplane.placement.packing import (
 
 SPREAD = ("min_distinct_providers", "min_distinct_regions")
 
-MAX_ROOM_POOLS = 24  # pools examined per stuck replica, cheapest first
+MAX_ROOM_POOLS = 8  # pools examined per stuck replica, cheapest first
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 
