@@ -247,7 +247,7 @@ async def main(samples: int, rate_seconds: float) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--rate-seconds", type=float, default=2.0)
     parser.add_argument("--bare-watcher")
     parser.add_argument("--user")
