@@ -155,13 +155,13 @@ class _Model:
         self.cols_p = np.zeros(0, dtype=np.int64)
         h = silent_highs()
         h.setOptionValue("threads", 1)
+        h.setOptionValue("presolve", "off")  # small, sparse models: presolve costs more
         if whole:  # a MIP: bounded by nodes (never by time), stops at a tiny gap
             h.setOptionValue("mip_max_nodes", MIP_NODES)
             h.setOptionValue("mip_rel_gap", MIP_GAP)
             for heuristic in ("rins", "rens", "root_reduced_cost"):  # sub-MIPs: slow here
                 h.setOptionValue(f"mip_heuristic_run_{heuristic}", False)
         else:
-            h.setOptionValue("presolve", "off")
             h.setOptionValue("simplex_iteration_limit", ITERATION_LIMIT)
         self.whole = whole
         inf = highspy.kHighsInf
