@@ -171,3 +171,32 @@ def test_the_engine_prints_nothing(capfd):
     place(make_input(pools, deps))
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
+
+
+def test_mixed_replica_sizes_pack_whole_replicas_into_odd_pools():
+    # 24 GPUs in pools of 13 and 11 for 25 GPUs of demand: only one GPU need stay unplaced
+    pools = [make_pool("a", capacity=13, price=1.0), make_pool("b", capacity=11, price=2.0)]
+    deps = [
+        make_deployment("big", gpus=8, replicas=1),
+        make_deployment("mid", gpus=4, replicas=2),
+        make_deployment("small", gpus=2, replicas=3),
+        make_deployment("tiny", gpus=1, replicas=3),
+    ]
+
+    result = place(make_input(pools, deps))
+
+    assert [(u.deployment, u.replicas) for u in result.unplaced] == [("tiny", 1)]
+
+
+def test_deployments_of_one_spread_class_share_the_scarce_second_provider():
+    gcp = make_pool("gcp", provider="gcp", region="gcp:us-central1", capacity=32, price=1.0)
+    aws = make_pool("aws", capacity=64, price=2.0)
+    deps = [
+        make_deployment(f"ha{i}", gpus=8, replicas=3, min_distinct_providers=2) for i in range(4)
+    ]
+
+    result = place(make_input([gcp, aws], deps))
+
+    assert result.unplaced == ()
+    for dep in deps:
+        assert replicas_by_pool(result, dep.name) == {"aws": 2, "gcp": 1}
