@@ -129,12 +129,17 @@ def _cuts(pr: Problem, first_row: int) -> _Cuts:
     return _Cuts(row, bound, divides.reshape(len(pr.sizes), len(divisors)))
 
 
+def _by_group(m: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Row sums of the C x P matrix m within each group of pools: C x n_groups."""
+    out = np.zeros((m.shape[0], n_groups))
+    for c in range(m.shape[0]):
+        out[c] = np.bincount(group, weights=m[c], minlength=n_groups)
+    return out
+
+
 def _spread_rows(sp: Spread, upper: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
     """Row index per (class, group) whose cap binds (else -1), and the caps in row order."""
-    n_groups = sp.cap.shape[1]
-    onehot = np.zeros((len(sp.group), n_groups))
-    onehot[np.arange(len(sp.group)), sp.group] = 1.0
-    room = upper @ onehot  # C x G: replicas the class could put in the group at most
+    room = _by_group(upper, sp.group, sp.cap.shape[1])  # most the class fits in each group
     cs, gs = np.nonzero(sp.cap < room)
     row = np.full(sp.cap.shape, -1, dtype=np.int64)
     row[cs, gs] = first + np.arange(len(cs))
@@ -358,9 +363,7 @@ def _remainder(pr: Problem, fixed: np.ndarray) -> Problem:
     """The problem left once the replicas in `fixed` are placed."""
     spread = []
     for sp in pr.spread:
-        onehot = np.zeros((len(sp.group), sp.cap.shape[1]))
-        onehot[np.arange(len(sp.group)), sp.group] = 1.0
-        spread.append(Spread(sp.group, sp.cap - fixed @ onehot))
+        spread.append(Spread(sp.group, sp.cap - _by_group(fixed, sp.group, sp.cap.shape[1])))
     return Problem(
         cost=pr.cost,
         sizes=pr.sizes,
