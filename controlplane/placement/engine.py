@@ -203,11 +203,16 @@ def _greedy_quotas(cost, sizes, demand, spot, rank, free, is_spot) -> np.ndarray
 def solve(plan: Plan, order: list[int]) -> None:
     """Phases 2-4 on a plan that already holds the kept replicas."""
     deps = plan.t.inp.deployments
+    spreading = [
+        d
+        for d in order
+        if max(deps[d].policy.min_distinct_providers, deps[d].policy.min_distinct_regions) > 1
+    ]
     # LP quotas, then a second LP for what rounding and the spread rule left over
     for last in (False, True):
         assign_quotas(plan, order)
         for first in (True, False):  # every member spreads before any takes the rest
-            for d in order:
+            for d in spreading if first else order:
                 missing = deps[d].target_replicas - plan.placed(d)
                 if missing > 0:
                     fill(plan, d, missing, only_quota=not last, spread_first=first)

@@ -123,8 +123,10 @@ def spread_ok(plan: Plan, d: int) -> bool:
 
 def spread_reached(plan: Plan, d: int) -> bool:
     """The deployment spans as many providers and regions as its target asks for."""
-    provs, regs = plan.spread_sets(d)
     kp, kr = spread_need(plan, d, plan.t.inp.deployments[d].target_replicas)
+    if kp <= 1 and kr <= 1:
+        return True
+    provs, regs = plan.spread_sets(d)
     return len(provs) >= kp and len(regs) >= kr
 
 
