@@ -2,13 +2,16 @@
 
 1. keep: current replicas stay where they are if still admissible (churn: a stable input
    moves nothing); surplus replicas and over-committed pools are trimmed, cheapest kept.
-2. fill: deployments in order (priority, then scarcest compatible capacity first, then
-   bigger replicas first) take the cheapest pools with room, spreading first when the
-   policy asks for several providers or regions.
-3. repair: replicas still unplaced make room by moving others (make_room) or, if of
+2. quotas: a class-level LP (transport.py: divisibility cuts, spread caps, priority
+   penalties) and a small MIP over the pools it split give whole-replica quotas per
+   (class, pool).
+3. fill: deployments in order (priority, then scarcest compatible capacity first, then
+   bigger replicas first) take their class's quotas, spread-needing ones first spanning
+   their providers/regions; a second LP and fill place what that left.
+4. repair: replicas still unplaced make room by moving others (make_room) or, if of
    higher priority, by displacing lower-priority replicas; displaced ones are re-homed.
-4. improve: move replicas into cheaper pools with room (kept ones only if the saving
-   beats the churn cost); then spot fraction and spread are enforced.
+5. improve: spot fraction and spread are enforced; replicas move into cheaper pools with
+   room (kept ones only if the saving beats the churn cost); a last fill tops up.
 Deterministic: every choice breaks ties by index, no randomness, no clock.
 """
 
