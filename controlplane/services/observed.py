@@ -25,7 +25,7 @@ from controlplane.contracts import (
     ReplicaStarted,
     SpotInterruptionNoticed,
 )
-from controlplane.db.models import Cluster, Deployment, Event, Replica
+from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.services import procurement
 
@@ -117,11 +117,27 @@ def _sync_replicas(session: Session, cluster: Cluster, state: ObservedState) -> 
     for row in session.scalars(select(Replica).where(Replica.cluster_id == cluster.id)):
         if row.name not in reported:
             session.delete(row)
+    instances = _instance_ids(session, cluster)
     for replica in state.replicas:
-        _upsert_replica(session, cluster, replica.model_dump())
+        _upsert_replica(session, cluster, replica.model_dump(), instances)
 
 
-def _upsert_replica(session: Session, cluster: Cluster, replica: dict[str, Any]) -> None:
+def _instance_ids(session: Session, cluster: Cluster) -> dict[str, str]:
+    """Provider instance id (what agents report) → our instance row id, for one cluster."""
+    rows = session.execute(
+        select(Instance.provider_instance_id, Instance.id).where(
+            Instance.cluster_id == cluster.id, Instance.provider_instance_id.is_not(None)
+        )
+    )
+    return {provider_id: row_id for provider_id, row_id in rows if provider_id}
+
+
+def _upsert_replica(
+    session: Session,
+    cluster: Cluster,
+    replica: dict[str, Any],
+    instances: dict[str, str] | None = None,
+) -> None:
     deployment_id = session.scalar(
         select(Deployment.id).where(Deployment.name == replica["deployment"])
     )
@@ -139,6 +155,9 @@ def _upsert_replica(session: Session, cluster: Cluster, replica: dict[str, Any])
         session.add(row)
     row.state = replica["state"]
     row.endpoint = replica.get("endpoint")
+    if instances is None and replica.get("instance"):
+        instances = _instance_ids(session, cluster)
+    row.instance_id = (instances or {}).get(replica.get("instance") or "")
     row.revision = int(replica["revision"]) if str(replica["revision"]).isdigit() else row.revision
 
 

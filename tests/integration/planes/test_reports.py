@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controlplane.contracts import ReplicasScaled
+from sqlalchemy import select
+
+from controlplane.contracts import ObservedState, ReplicasScaled, ReplicaStatus
+from controlplane.db import models as m
+from controlplane.db.session import transaction
 from controlplane.services.observed import DbSink
 from tests.integration.api import builders as b
 
@@ -25,3 +29,26 @@ async def test_a_scaling_decision_is_an_event_of_its_deployment_and_counted_once
     assert [e["type"] for e in events] == ["ReplicasScaled"]
     assert "1 → 3 replicas: panic" in events[0]["message"]
     assert replans == []  # scaling inside the quota needs no re-plan
+
+
+async def test_a_reported_replica_is_linked_to_the_instance_it_runs_on(admin, session_factory):
+    b.seed(admin)
+    admin.post("deployments", b.deployment())
+    with transaction(session_factory) as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
+        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-use1-h100-od")).one()
+        instance = m.Instance(pool_id=pool.id, cluster_id=cluster.id, provider_instance_id="i-0abc",
+                              idempotency_key="test-i-0abc", gpus=8, state="running")  # fmt: skip
+        s.add(instance)
+        s.flush()
+        instance_id = instance.id
+    sink = DbSink(session_factory, on_change=lambda reason: None)
+    on_it = ReplicaStatus(replica_id="r-1", deployment="chat-llm", revision="1", state="ready",
+                          pool="aws-use1-h100-od", instance="i-0abc")  # fmt: skip
+    elsewhere = on_it.model_copy(update={"replica_id": "r-2", "instance": "i-unknown"})
+    heartbeat = ObservedState(cluster="use1-a", source="cluster/use1-a",
+                              replicas=[on_it, elsewhere])  # fmt: skip
+    await sink.record_observed("use1-a", heartbeat, datetime.now(UTC))
+
+    replicas = admin.get("replicas", cluster="use1-a").json()["items"]
+    assert {r["name"]: r["instance_id"] for r in replicas} == {"r-1": instance_id, "r-2": None}
