@@ -6,8 +6,7 @@
   only newer generations.
 - Heartbeats are best effort (the next one supersedes a lost one). Facts are sent at once
   when nothing waits, else through an in-memory outbox, and are retried until JetStream
-  acknowledges them; ``Nats-Msg-Id`` (the
-  envelope id) makes retries idempotent.
+  acknowledges them; ``Nats-Msg-Id`` (the envelope id) makes retries idempotent.
 - NATS being unreachable never raises out of here: the agent keeps serving.
 """
 
