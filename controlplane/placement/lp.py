@@ -6,6 +6,11 @@ one class, priorities are dropped, the spot fraction is summed per class, and sp
 kept as valid cuts only: a deployment whose admissible pools span a single provider or
 region while its policy asks for two counts at most one replica, and one provider (region)
 holds at most the class's summed `n - min(k, n) + 1` replicas (n placeable, k asked).
+By default it also carries the divisibility cuts of the engine's class LP (`transport.py`):
+for each pool p and replica size S > 1 that does not divide its usable GPUs cap_p,
+  sum over pairs (c, p) with S | size_c of size_c * x[c, p] <= S * floor(cap_p / S),
+valid for whole replicas (the left side is then a multiple of S and at most cap_p), so
+a pool's odd remainder cannot be filled with fractions of big replicas.
 Every engine placement is feasible for it, so its optimum bounds the engine from below:
   LP:  x >= 0 continuous -> `cost` (min effective $/hour) and `unplaced_gpus`, lexicographic
        (unplaced first, via a penalty far above any price).
@@ -51,6 +56,31 @@ class _Model:
     spread_pairs: list[np.ndarray]  # per spread row: the pair indices it sums
     spread_cap: list[float]  # per spread row: most replicas one provider (region) may hold
     forced: float  # GPUs the spread rules leave unplaced whatever the placement (see _placeable)
+
+
+def _divisibility_rows(m: _Model) -> tuple[list[np.ndarray], list[float]]:
+    """Divisibility cuts: per pool p and replica size S > 1 with S not dividing cap_p, the
+    pairs at p whose class size is a multiple of S, and the bound S * floor(cap_p / S).
+    Whole replicas of such sizes use a multiple of S GPUs of p, at most cap_p, so at most
+    S * floor(cap_p / S): valid for every whole-replica placement. A row of one pair is
+    left out (its column bound floor(cap_p / size) already implies it)."""
+    pairs: list[np.ndarray] = []
+    bounds: list[float] = []
+    if not len(m.pair_pool):
+        return pairs, bounds
+    size = m.sizes[m.pair_class].astype(np.int64)
+    cap = m.cap.astype(np.int64)
+    for s in sorted({int(v) for v in m.sizes if v > 1}):
+        on = np.flatnonzero((size % s == 0) & (cap[m.pair_pool] % s != 0))
+        if not len(on):
+            continue
+        on = on[np.argsort(m.pair_pool[on], kind="stable")]
+        pools, first, n = np.unique(m.pair_pool[on], return_index=True, return_counts=True)
+        for p, i, k in zip(pools.tolist(), first.tolist(), n.tolist(), strict=True):
+            if k > 1:
+                pairs.append(on[i : i + k])
+                bounds.append(float(s * (cap[p] // s)))
+    return pairs, bounds
 
 
 def _placeable(t: Tables, d: int, target: int) -> int:
@@ -150,7 +180,11 @@ def _classes(inp: PlacementInput) -> _Model:
 
 
 def _solve(
-    m: _Model, integer: bool, time_limit: float, placed_gpus: float | None = None
+    m: _Model,
+    integer: bool,
+    time_limit: float,
+    placed_gpus: float | None = None,
+    divisibility_cuts: bool = True,
 ) -> tuple[float, float, float, float]:
     import highspy
 
@@ -176,6 +210,12 @@ def _solve(
         cols.append(sel)
         vals.append(np.ones(len(sel)))
         n_rows += 1
+    cut_pairs, cut_cap = _divisibility_rows(m) if divisibility_cuts else ([], [])
+    for sel in cut_pairs:  # divisibility: sum of size * x <= S * floor(cap / S)
+        rows.append(np.full(len(sel), n_rows))
+        cols.append(sel)
+        vals.append(m.sizes[m.pair_class[sel]])
+        n_rows += 1
     n_base = n_rows
     if placed_gpus is not None:  # volume row: placed GPUs >= placed_gpus
         rows.append(np.full(n_x, n_rows))
@@ -200,9 +240,9 @@ def _solve(
     # a pool holds at most floor(capacity / size) replicas of a class (valid for integers)
     fits = np.floor(m.cap[m.pair_pool] / m.sizes[m.pair_class])
     lp.col_upper_ = np.concatenate([fits, np.full(n_c, highspy.kHighsInf)])
-    n_spread = len(m.spread_cap)
-    lower = [m.counts, np.full(n_p + n_c + n_spread, -highspy.kHighsInf)]
-    upper = [m.counts, m.cap, m.spot_cap, np.array(m.spread_cap)]
+    n_cuts = len(m.spread_cap) + len(cut_cap)
+    lower = [m.counts, np.full(n_p + n_c + n_cuts, -highspy.kHighsInf)]
+    upper = [m.counts, m.cap, m.spot_cap, np.array(m.spread_cap), np.array(cut_cap)]
     if n_rows > n_base:
         lower.append(np.array([float(placed_gpus or 0.0)]))
         upper.append(np.array([highspy.kHighsInf]))
@@ -220,6 +260,17 @@ def _solve(
     h.setOptionValue("mip_rel_gap", 1e-4)
     h.passModel(lp)
     h.run()
+    status = h.getModelStatus()
+    infeasible = (
+        highspy.HighsModelStatus.kInfeasible,
+        highspy.HighsModelStatus.kUnboundedOrInfeasible,
+    )
+    if status in infeasible:  # costs are >= 0: no placement of that volume exists
+        return math.inf, math.nan, math.inf, float(h.getRunTime())
+    if not integer and status != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError(
+            f"HiGHS did not solve the LP relaxation: {h.modelStatusToString(status)}"
+        )
     x = np.array(h.getSolution().col_value)
     unplaced = float((x[n_x:] * m.sizes).sum())
     cost = float((x[:n_x] * m.pair_cost).sum())
@@ -230,16 +281,21 @@ def _solve(
 
 
 def lower_bound(
-    inp: PlacementInput, time_limit: float = 120.0, placed_gpus: float | None = None
+    inp: PlacementInput,
+    time_limit: float = 120.0,
+    placed_gpus: float | None = None,
+    divisibility_cuts: bool = True,
 ) -> Bound:
     """LP relaxation: min unplaced GPUs, then min effective cost (see module docstring).
 
     With `placed_gpus`: min effective cost of placing at least that many GPUs, a lower
     bound on the cost of any placement of that volume (compare a placer with the bound at
-    its own placed volume, so that placing less is not mistaken for placing cheaper).
+    its own placed volume, so that placing less is not mistaken for placing cheaper);
+    `inf` when no placement of that volume exists. `divisibility_cuts=False` gives the
+    plain LP (spread cuts only), a weaker bound: the cuts only tighten it.
     """
     m = _classes(inp)
-    cost, unplaced, bound, secs = _solve(m, False, time_limit, placed_gpus)
+    cost, unplaced, bound, secs = _solve(m, False, time_limit, placed_gpus, divisibility_cuts)
     return Bound(cost, unplaced, bound - 1e-6, secs, len(m.counts), len(m.pair_pool))
 
 
