@@ -188,6 +188,12 @@ class DeploymentDesired(Model):
         default_factory=list,
         description="per-pool split of the quota, most preferred pool first; empty: any pool",
     )
+    hold_leaving: int = Field(
+        default=0,
+        ge=0,
+        description="replicas on draining instances to keep serving until their replacements "
+        "on other clusters are ready (a draining instance's deadline still wins)",
+    )
     routing_weight: float = Field(default=1.0, ge=0, description="share of global traffic")
     priority: int = 0
     autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)

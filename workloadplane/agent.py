@@ -47,6 +47,7 @@ from workloadplane.reconcile import (
     DrainReplica,
     StartReplica,
     StopReplica,
+    leaving_replicas,
     reconcile,
     replica_transitions,
     target_replicas,
@@ -204,12 +205,13 @@ class Agent:
             replicas = await self.runtime.list_replicas()
             now = self.clock()
             names = {d.name for d in desired.deployments}
+            leaving = leaving_replicas(desired, replicas)
             self.autoscaler.forget(names, {r.replica_id for r in replicas})
             self.wanted = {n: w for n, w in self.wanted.items() if n in names}
             for d in desired.deployments:
                 if only is not None and d.name not in only:
                     continue
-                decision = self.autoscaler.decide(d, replicas, now)
+                decision = self.autoscaler.decide(d, replicas, now, leaving)
                 if decision is not None:
                     changed |= await self._apply_decision(d.name, decision)
         if changed:

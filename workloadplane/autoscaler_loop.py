@@ -174,8 +174,9 @@ class Autoscaler:
 
     # --- deciding ---------------------------------------------------------------------------
     def decide(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
-               now: datetime) -> Decision | None:  # fmt: skip
-        """Run the policy for ``deployment`` at ``now``; None if its knobs are invalid."""
+               now: datetime, leaving: Collection[str] = ()) -> Decision | None:  # fmt: skip
+        """Run the policy for ``deployment`` at ``now``; None if its knobs are invalid.
+        ``leaving``: replicas reconcile is replacing (see ``signals``)."""
         name = deployment.name
         target = concurrency_limit(deployment, self.router.config)
         try:
@@ -183,7 +184,7 @@ class Autoscaler:
         except ValueError as exc:
             log.warning("autoscaling of %s skipped: %s", name, exc)
             return None
-        signals = self.signals(deployment, replicas, now)
+        signals = self.signals(deployment, replicas, now, leaving)
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
@@ -197,9 +198,11 @@ class Autoscaler:
         return decision
 
     def signals(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
-                now: datetime) -> Signals:  # fmt: skip
-        """Replicas of an older revision count as draining: reconcile replaces them during a
-        rollout, so only the current revision is capacity (their requests are still load)."""
+                now: datetime, leaving: Collection[str] = ()) -> Signals:  # fmt: skip
+        """Replicas of an older revision, and the ``leaving`` ones (on a draining instance or
+        a pool no longer used), count as draining: reconcile replaces them, so they are not
+        capacity (their requests are still load), and a scale-down never picks them instead
+        of a replica that stays."""
         fresh_after = now.timestamp() - 3 * self.scrape_interval
         out, failed_starts = [], 0
         for r in replicas:
@@ -210,7 +213,8 @@ class Autoscaler:
             if r.state == "failed":
                 failed_starts += before in (None, "starting")
                 continue
-            phase = r.state if r.revision == deployment.spec.revision else "draining"
+            current = r.revision == deployment.spec.revision and r.replica_id not in leaving
+            phase = r.state if current else "draining"
             at, gauges = self.gauges.get(r.replica_id, (now, Gauges()))
             if phase != "ready" or at.timestamp() < fresh_after:
                 gauges = Gauges()

@@ -15,7 +15,8 @@ nothing. Rules, per deployment:
   first and drained only as replacements become ready, so serving capacity never drops
   below ``target``; a leaving replica on an instance whose ``drain_deadline`` is less than
   ``drain_lead`` away is drained at once, ready replacement or not, so that its in-flight
-  requests finish before the machine goes;
+  requests finish before the machine goes; ``hold_leaving`` more are kept while their
+  replacements start on another cluster (the control plane lowers it as they get ready);
 - new replicas are put on a non-draining instance of their pool with free GPUs (none free,
   or no instance listed: the pool's capacity is not tracked per machine here);
 - ``draining`` replicas are left alone (the runtime stops them when they are done).
@@ -159,6 +160,21 @@ def _leaving_reason(
     return None
 
 
+def leaving_replicas(desired: DesiredState, replicas: Sequence[ReplicaStatus]) -> set[str]:
+    """Ids of the replicas reconcile replaces and drains (old revision, a draining instance,
+    a pool no longer used): not capacity to scale on, though their requests are load."""
+    instances = _Instances(desired, replicas, None, DEFAULT_DRAIN_LEAD)
+    by_name = {d.name: d for d in desired.deployments}
+    out: set[str] = set()
+    for r in replicas:
+        d = by_name.get(r.deployment)
+        if d is not None:
+            pools = {s.pool for s in _slots(d)}
+            if _leaving_reason(r, d.spec.revision, pools, instances) is not None:
+                out.add(r.replica_id)
+    return out
+
+
 def _reconcile_deployment(
     deployment: DeploymentDesired,
     replicas: Sequence[ReplicaStatus],
@@ -203,15 +219,17 @@ def _reconcile_deployment(
             actions.append(DrainReplica(r.replica_id, "above target"))
         ready += len(up) - excess
 
-    # make before break: leaving replicas serve until replacements are ready, unless their
-    # machine is about to go
-    keep = max(0, target - ready)
+    # make before break: leaving replicas serve until replacements are ready — here, or on
+    # other clusters while the control plane holds them — unless their machine is about to go
+    keep, hold = max(0, target - ready), deployment.hold_leaving
     for r, reason in sorted(leaving, key=lambda x: x[0].replica_id):
         inst = instances.draining(r)
         if inst is not None and instances.urgent(inst):
             actions.append(DrainReplica(r.replica_id, f"{reason}, deadline near"))
         elif keep > 0:
             keep -= 1
+        elif inst is not None and hold > 0:
+            hold -= 1
         else:
             actions.append(DrainReplica(r.replica_id, reason))
     return actions

@@ -23,7 +23,7 @@ from controlplane.contracts import (
     RevisionSpec,
     ScheduleWindow,
 )
-from controlplane.db.models import Cluster, Deployment, Instance, Placement, Pool
+from controlplane.db.models import Cluster, Deployment, Instance, Placement, Pool, Replica
 
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
 """Order of a deployment's pools in `pool_quotas`: a plane that scales up inside its quota
@@ -56,15 +56,74 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
         by_deployment[deployment.name].append((placement, pool.name))
         deployments[deployment.name] = deployment
     total_weight = _total_replicas(session, deployments.values())
+    holds = _holds(session, cluster, deployments.values(), total_weight)
     return DesiredState(
         cluster=cluster.name,
         generation=cluster.desired_generation,
         deployments=[
-            _deployment_desired(deployments[name], entries, total_weight.get(name, 0))
+            _deployment_desired(deployments[name], entries, total_weight.get(name, 0)).model_copy(
+                update={"hold_leaving": holds.get(name, 0)}
+            )
             for name, entries in sorted(by_deployment.items())
         ],
         instances=_instances(session, cluster),
     )
+
+
+def split_holds(deficit: int, leaving: dict[str, int]) -> dict[str, int]:
+    """How many replicas on draining instances each cluster keeps serving: the deployment's
+    deficit of ready replicas elsewhere, given out in cluster-name order, never more than a
+    cluster has leaving."""
+    holds: dict[str, int] = {}
+    left = max(0, deficit)
+    for cluster in sorted(leaving):
+        holds[cluster] = min(leaving[cluster], left)
+        left -= holds[cluster]
+    return holds
+
+
+def _holds(
+    session: Session, cluster: Cluster, deployments: Iterable[Deployment], placed: dict[str, int]
+) -> dict[str, int]:
+    """Per deployment placed here: `hold_leaving` for this cluster. A replica on a draining
+    instance (spot notice, cordon) keeps serving while the deployment has fewer ready
+    replicas elsewhere than placed — its replacement may be starting on another cluster,
+    which this cluster's agent cannot see. `release_holds` re-publishes as they get ready."""
+    ids = {d.id: d.name for d in deployments}
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Replica.deployment_id, Cluster.name, Instance.state)
+        .join(Cluster, Cluster.id == Replica.cluster_id)
+        .outerjoin(Instance, Instance.id == Replica.instance_id)
+        .where(Replica.deployment_id.in_(list(ids)), Replica.state == "ready")
+    ).all()
+    leaving: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    staying: dict[str, int] = defaultdict(int)
+    for dep_id, cluster_name, instance_state in rows:
+        if instance_state == "draining":
+            leaving[ids[dep_id]][cluster_name] += 1
+        else:
+            staying[ids[dep_id]] += 1
+    return {
+        name: split_holds(placed.get(name, 0) - staying[name], leaving[name]).get(cluster.name, 0)
+        for name in leaving
+    }
+
+
+def release_holds(session: Session, deployment_ids: Iterable[str]) -> None:
+    """Replicas of these deployments got ready: clusters holding replicas on draining
+    instances get a new desired generation (their holds shrink)."""
+    ids = sorted(set(deployment_ids))
+    if not ids:
+        return
+    clusters = session.scalars(
+        select(Replica.cluster_id)
+        .join(Instance, Instance.id == Replica.instance_id)
+        .where(Replica.deployment_id.in_(ids), Instance.state == "draining")
+        .distinct()
+    )
+    bump_desired(session, clusters)
 
 
 def _preference(pool: Pool) -> tuple[int, float, str]:

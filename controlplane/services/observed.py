@@ -28,6 +28,7 @@ from controlplane.contracts import (
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.services import procurement
+from controlplane.services.desired import release_holds
 
 log = logging.getLogger("gpufleet.observed")
 Hook = Callable[[str], None]
@@ -65,7 +66,7 @@ class DbSink:
                 cluster.observed_generation, state.observed_generation
             )
             reason = _revive(session, cluster)
-            _sync_replicas(session, cluster, state)
+            release_holds(session, _sync_replicas(session, cluster, state))
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
             return reason
@@ -81,7 +82,8 @@ class DbSink:
             if isinstance(fact, DesiredStateApplied):
                 cluster.observed_generation = max(cluster.observed_generation, fact.generation)
             if isinstance(fact, ReplicaStarted | ReplicaFailed):
-                _upsert_replica(session, cluster, fact.replica.model_dump())
+                ready = _upsert_replica(session, cluster, fact.replica.model_dump())
+                release_holds(session, [ready] if ready else [])
             if isinstance(fact, SpotInterruptionNoticed):
                 procurement.note_interruption(
                     session, fact.instance_id, fact.deadline, received_at, f"agent {name}"
@@ -112,14 +114,16 @@ def _revive(session: Session, cluster: Cluster) -> str | None:
     return "cluster_healthy"
 
 
-def _sync_replicas(session: Session, cluster: Cluster, state: ObservedState) -> None:
+def _sync_replicas(session: Session, cluster: Cluster, state: ObservedState) -> list[str]:
+    """Replace this cluster's replica rows by the report; the deployment ids of replicas that
+    became ready."""
     reported = {r.replica_id for r in state.replicas}
     for row in session.scalars(select(Replica).where(Replica.cluster_id == cluster.id)):
         if row.name not in reported:
             session.delete(row)
     instances = _instance_ids(session, cluster)
-    for replica in state.replicas:
-        _upsert_replica(session, cluster, replica.model_dump(), instances)
+    ready = [_upsert_replica(session, cluster, r.model_dump(), instances) for r in state.replicas]
+    return [d for d in ready if d]
 
 
 def _instance_ids(session: Session, cluster: Cluster) -> dict[str, str]:
@@ -137,12 +141,13 @@ def _upsert_replica(
     cluster: Cluster,
     replica: dict[str, Any],
     instances: dict[str, str] | None = None,
-) -> None:
+) -> str | None:
+    """Insert or update one replica row; its deployment's id when it just became ready."""
     deployment_id = session.scalar(
         select(Deployment.id).where(Deployment.name == replica["deployment"])
     )
     if deployment_id is None:
-        return
+        return None
     row = session.scalars(
         select(Replica).where(
             Replica.cluster_id == cluster.id, Replica.name == replica["replica_id"]
@@ -153,12 +158,14 @@ def _upsert_replica(
             name=replica["replica_id"], cluster_id=cluster.id, deployment_id=deployment_id
         )
         session.add(row)
+    became_ready = replica["state"] == "ready" and row.state != "ready"
     row.state = replica["state"]
     row.endpoint = replica.get("endpoint")
     if instances is None and replica.get("instance"):
         instances = _instance_ids(session, cluster)
     row.instance_id = (instances or {}).get(replica.get("instance") or "")
     row.revision = int(replica["revision"]) if str(replica["revision"]).isdigit() else row.revision
+    return deployment_id if became_ready else None
 
 
 def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:

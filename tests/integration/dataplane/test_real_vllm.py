@@ -115,6 +115,10 @@ async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):
         # request then waits in the router's queue until it is probed back in
         async with asyncio.timeout(90):
             while vllm_plane.router.replica_in_flight(rid) == 0:
+                if request.done():  # answered without ever being in flight: say how
+                    r = request.result()
+                    raise AssertionError(f"answered before reaching {rid}: "
+                                         f"{r.status_code} {r.text[:300]}")  # fmt: skip
                 await asyncio.sleep(0.01)
         started = time.monotonic()
         await vllm_plane.runtime.drain(rid)

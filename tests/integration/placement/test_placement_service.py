@@ -9,12 +9,14 @@ import pytest
 import yaml
 from sqlalchemy import select, text, update
 
+from controlplane.contracts import ReplicaStarted, ReplicaStatus
 from controlplane.db import models as m
 from controlplane.db.session import transaction
 from controlplane.services import procurement
 from controlplane.services.desired import desired_state
 from controlplane.services.inventory import Actor
 from controlplane.services.manifests import apply_manifests
+from controlplane.services.observed import DbSink
 from controlplane.services.placement import replan
 
 FLEET = Path(__file__).resolve().parents[3] / "infra" / "examples" / "fleet.yaml"
@@ -154,3 +156,40 @@ def test_a_waiting_replan_runs_once_the_running_one_is_done(demo, session_factor
     thread.join(10)
     assert results
     assert results[0] is not None
+
+
+async def test_a_replica_on_a_draining_instance_is_held_until_a_replacement_is_ready(
+    demo, operator, session_factory
+):
+    """The replacement may start on another cluster, which the draining one cannot see:
+    the control plane holds the leaving replica and lets it go when enough are ready."""
+    operator.post("placement/replan", {})
+    with transaction(session_factory) as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-euc1-h100-od")).one()
+        dep = s.scalars(select(m.Deployment).where(m.Deployment.name == "eu-assistant")).one()
+        placed = sum(s.scalars(select(m.Placement.replicas)
+                               .where(m.Placement.deployment_id == dep.id)))  # fmt: skip
+        victim = m.Instance(pool_id=pool.id, cluster_id=cluster.id, provider_instance_id="i-v",
+                            idempotency_key="test-i-v", gpus=8, state="draining")  # fmt: skip
+        s.add(victim)
+        s.flush()
+        for i in range(placed):  # all ready, the first one on the draining instance
+            s.add(m.Replica(name=f"r-{i}", deployment_id=dep.id, cluster_id=cluster.id,
+                            state="ready", instance_id=victim.id if i == 0 else None))  # fmt: skip
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        [eu] = desired_state(s, cluster).deployments
+        generation = cluster.desired_generation
+    assert placed >= 1 and eu.hold_leaving == 1, "one short elsewhere: keep it serving"
+
+    sink = DbSink(session_factory, on_change=lambda reason: None)
+    replacement = ReplicaStatus(replica_id="r-new", deployment="eu-assistant", revision="1",
+                                state="ready")  # fmt: skip
+    await sink.record_fact("euc1-a", ReplicaStarted(cluster="euc1-a", source="cluster/euc1-a",
+                                                    replica=replacement), datetime.now(UTC))  # fmt: skip
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        [eu] = desired_state(s, cluster).deployments
+    assert cluster.desired_generation > generation, "the agent hears that the hold is over"
+    assert eu.hold_leaving == 0

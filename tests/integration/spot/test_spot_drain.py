@@ -69,6 +69,16 @@ def assert_common(r: DrillResult, factory: sessionmaker[Session]) -> None:
     assert r.drain_started_s < r.drained_s < NOTICE_S, "drained before the deadline"
     assert r.lost_at_deadline == [], "replicas still on the instance when it was taken back"
     assert r.replacement_ready_s < NOTICE_S
+    # make before break when the notice allows it: the drain waits for a ready replacement
+    # (in this cluster, or in another one while the control plane holds the replica), but
+    # never past the drain lead before the deadline (a slow start must not cost requests)
+    drain_by = NOTICE_S - DRAIN_LEAD_S
+    assert r.drain_started_s < drain_by + 0.5, "drained within the lead before the deadline"
+    if not r.replacement_ready_at_drain:
+        assert r.drain_started_s >= drain_by - 0.1, (
+            f"drained at {r.drain_started_s:.2f} s without a ready replacement, before the "
+            f"lead ({drain_by:g} s)"
+        )
     assert NOTICE_S <= r.released_s < math.inf, "the interrupted instance is given back"
     assert sorted(instances(factory, SPOT).values()) == ["released", "running"]
     assert list(instances(factory, ON_DEMAND).values()) == ["running"]
@@ -100,15 +110,6 @@ async def test_spot_notice_inside_one_cluster_moves_the_replica_on_that_instance
     print(report(r))
     assert_common(r, session_factory)
     assert r.spot.ok >= 20, r.spot.ok
-    # make before break when the notice allows it: the drain waits for a ready replacement,
-    # but never past the drain lead before the deadline (a slow start must not cost requests)
-    drain_by = NOTICE_S - DRAIN_LEAD_S
-    assert r.drain_started_s < drain_by + 0.5, "drained within the lead before the deadline"
-    if not r.replacement_ready_at_drain:
-        assert r.drain_started_s >= drain_by - 0.1, (
-            f"drained at {r.drain_started_s:.2f} s without a ready replacement, before the "
-            f"lead ({drain_by:g} s)"
-        )
     assert r.final == {CLUSTER_SPOT: ["ready", "ready"]}
     assert placed(session_factory) == {(CLUSTER_SPOT, SPOT): 1, (CLUSTER_SPOT, ON_DEMAND): 1}
 

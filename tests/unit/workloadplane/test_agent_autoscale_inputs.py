@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from controlplane.contracts import ScheduleWindow
-from workloadplane.autoscaler_loop import Gauges, parse_gauges, schedule_rules
+from controlplane.contracts import (
+    AutoscalingPolicy,
+    DeploymentDesired,
+    ReplicaQuota,
+    ReplicaStatus,
+    RevisionSpec,
+    ScheduleWindow,
+)
+from workloadplane.autoscaler_loop import Autoscaler, Gauges, parse_gauges, schedule_rules
+from workloadplane.router.core import Router
 
 
 def test_bad_schedule_windows_are_skipped():
@@ -30,3 +40,28 @@ vllm:num_requests_running 4
     assert gauges.num_requests_waiting == 5.0
     assert gauges.kv_cache_usage_perc == pytest.approx(0.6)
     assert parse_gauges("") == Gauges()
+
+
+def test_replicas_reconcile_is_replacing_are_not_capacity_and_never_picked_to_drain():
+    """A spot notice: the replica on the draining instance serves until its replacement is
+    ready. Three ready replicas for a max of two must not make the autoscaler drain one
+    that stays (reconcile drains the leaving one itself)."""
+    deployment = DeploymentDesired(
+        name="chat", spec=RevisionSpec(model_id="org/chat", revision="r1"),
+        quota=ReplicaQuota(min=2, max=2),
+        autoscaling=AutoscalingPolicy(window_seconds=1, scale_down_delay_seconds=0),
+    )  # fmt: skip
+    replicas = [ReplicaStatus(replica_id=rid, deployment="chat", revision="r1", state="ready")
+                for rid in ("on-draining-instance", "stays-1", "stays-2")]  # fmt: skip
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    autoscaler = Autoscaler(Router(), lambda: now)
+    phases = {s.replica_id: s.phase for s in autoscaler.signals(
+        deployment, replicas, now, leaving={"on-draining-instance"}).replicas}  # fmt: skip
+    assert phases == {"on-draining-instance": "draining", "stays-1": "ready", "stays-2": "ready"}
+    for second in range(5):
+        later = now + timedelta(seconds=second)
+        decision = autoscaler.decide(deployment, replicas, later, {"on-draining-instance"})
+        assert decision is not None
+        assert decision.current_replicas == 2 and decision.drain == ()
+    unaware = Autoscaler(Router(), lambda: now).decide(deployment, replicas, now)
+    assert unaware is not None and unaware.current_replicas == 3  # what it did before

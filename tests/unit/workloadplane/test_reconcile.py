@@ -19,6 +19,7 @@ from workloadplane.reconcile import (
     DrainReplica,
     StartReplica,
     StopReplica,
+    leaving_replicas,
     reconcile,
     replica_transitions,
     split_target,
@@ -176,6 +177,7 @@ def test_spot_notice_starts_the_replacement_first_and_drains_when_it_is_ready():
     assert reconcile(desired, starting, now=NOW) == [], "the replica on i-1 serves meanwhile"
     ready = [*running, on("c", "od", "i-od")]
     assert reconcile(desired, ready, now=NOW) == [DrainReplica("a", "instance i-1 is draining")]
+    assert leaving_replicas(desired, ready) == {"a"}, "what the autoscaler must not count"
 
 
 def test_a_near_deadline_drains_at_once_even_without_a_ready_replacement():
@@ -280,3 +282,19 @@ def test_pooled_reconcile_converges_within_every_pools_quota(existing, quotas, w
     left = [r for r in serving if r not in placed]
     assert all(r.state == "ready" for r in left)
     assert len(left) <= target - sum(r.state == "ready" for r in placed)
+
+
+def test_a_held_replica_serves_until_the_control_plane_lets_it_go_or_the_deadline_nears():
+    """The replacement starts on another cluster: this plane cannot see it get ready, so the
+    control plane holds the leaving replica (``hold_leaving``) and lowers the hold later."""
+    moved = make_desired(2, pooled(1, 1, ("spot", 1, 1))).model_copy(update={"instances": [
+        instance("i-1", "spot", drain_in_s=120), instance("i-2", "spot")]})  # fmt: skip
+    held = moved.model_copy(update={"deployments": [
+        moved.deployments[0].model_copy(update={"hold_leaving": 1})]})  # fmt: skip
+    running = [on("a", "spot", "i-1"), on("b", "spot", "i-2")]
+    assert reconcile(held, running, now=NOW) == []
+    assert reconcile(moved, running, now=NOW) == [DrainReplica("a", "instance i-1 is draining")]
+    soon = NOW + timedelta(seconds=100)  # 20 s before the deadline: inside the 30 s lead
+    assert reconcile(held, running, now=soon) == [
+        DrainReplica("a", "instance i-1 is draining, deadline near")
+    ]
