@@ -6,6 +6,7 @@ router, driven by the official ``openai`` SDK. One replica for the whole module:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -106,30 +107,28 @@ async def test_metrics_pass_real_vllm_families_through(vllm_plane: Plane):
 
 
 async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):
-    """Last: it drains the module's replica away."""
+    """Last: it drains the module's replica away. Streamed, so that the request is known to
+    be in flight (its first tokens have arrived) when the drain begins, however loaded the
+    machine; the rest of the stream must still arrive, whole."""
     router = vllm_plane.router
-
-    def serving() -> list[str]:
-        return [rid for rid in router.backends if router.replica_in_flight(rid) > 0]
-
-    async with httpx.AsyncClient(timeout=150) as c:
-        request = asyncio.create_task(c.post(f"{vllm_plane.url}/v1/completions", json={
-            "model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": True}))  # fmt: skip
-        # on a loaded machine a slow health probe can eject the replica for a while (the
-        # request then waits in the router's queue until it is probed back in), or the
-        # runtime may have replaced a failed one: drain whichever replica takes the request
-        async with asyncio.timeout(90):
-            while not serving():
-                if request.done():  # answered without ever being seen in flight: say how
-                    r = request.result()
-                    raise AssertionError(f"answered before it was seen in flight: "
-                                         f"{r.status_code} {r.text[:300]}")  # fmt: skip
-                await asyncio.sleep(0.01)
-        (rid,) = serving()
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 500, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    async with (
+        httpx.AsyncClient(timeout=150) as c,
+        c.stream("POST", f"{vllm_plane.url}/v1/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        first = await anext(line async for line in lines if line.strip())
+        serving = [rid for rid in router.backends if router.replica_in_flight(rid) > 0]
+        assert len(serving) == 1, f"in flight after the first chunk: {serving}"
+        (rid,) = serving
         started = time.monotonic()
         await vllm_plane.runtime.drain(rid)
-        r = await request
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 400
+        rest = [line async for line in lines if line.strip()]
+    chunks = [json.loads(x.removeprefix("data: ")) for x in [first, *rest[:-1]]]
+    assert rest[-1] == "data: [DONE]"
+    assert chunks[-1]["usage"]["completion_tokens"] == 500, "the stream was cut by the drain"
     async with asyncio.timeout(20):
         while rid in vllm_plane.runtime._replicas:
             await asyncio.sleep(0.1)
