@@ -55,18 +55,40 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
     for placement, deployment, pool in rows:
         by_deployment[deployment.name].append((placement, pool.name))
         deployments[deployment.name] = deployment
+    # a deployment placed here no more may still have replicas on a draining instance here,
+    # serving until their replacements elsewhere are ready: it stays, with a quota of 0
+    for deployment in _leaving_here(session, cluster):
+        deployments.setdefault(deployment.name, deployment)
     total_weight = _total_replicas(session, deployments.values())
     holds = _holds(session, cluster, deployments.values(), total_weight)
     return DesiredState(
         cluster=cluster.name,
         generation=cluster.desired_generation,
         deployments=[
-            _deployment_desired(deployments[name], entries, total_weight.get(name, 0)).model_copy(
-                update={"hold_leaving": holds.get(name, 0)}
-            )
-            for name, entries in sorted(by_deployment.items())
+            _deployment_desired(
+                deployment, by_deployment.get(name, []), total_weight.get(name, 0)
+            ).model_copy(update={"hold_leaving": holds.get(name, 0)})
+            for name, deployment in sorted(deployments.items())
+            if name in by_deployment or holds.get(name, 0) > 0
         ],
         instances=_instances(session, cluster),
+    )
+
+
+def _leaving_here(session: Session, cluster: Cluster) -> list[Deployment]:
+    """Deployments with ready replicas on this cluster's draining instances."""
+    return list(
+        session.scalars(
+            select(Deployment)
+            .join(Replica, Replica.deployment_id == Deployment.id)
+            .join(Instance, Instance.id == Replica.instance_id)
+            .where(
+                Replica.cluster_id == cluster.id,
+                Replica.state == "ready",
+                Instance.state == "draining",
+            )
+            .distinct()
+        )
     )
 
 

@@ -193,3 +193,42 @@ async def test_a_replica_on_a_draining_instance_is_held_until_a_replacement_is_r
         [eu] = desired_state(s, cluster).deployments
     assert cluster.desired_generation > generation, "the agent hears that the hold is over"
     assert eu.hold_leaving == 0
+
+
+async def test_a_cluster_the_deployment_left_keeps_its_held_replica_until_the_replacement(
+    demo, operator, session_factory
+):
+    """The last replica of a deployment on a cluster sat on the interrupted instance: the
+    placement no longer names that cluster, but its desired state keeps the deployment
+    (quota 0, hold 1) so the replica serves until the replacement is ready elsewhere."""
+    operator.post("placement/replan", {})
+    with transaction(session_factory) as s:
+        eu = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
+        us = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
+        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-use1-l40s-spot")).one()
+        dep = s.scalars(select(m.Deployment).where(m.Deployment.name == "eu-assistant")).one()
+        placed = sum(s.scalars(select(m.Placement.replicas)
+                               .where(m.Placement.deployment_id == dep.id)))  # fmt: skip
+        victim = m.Instance(pool_id=pool.id, cluster_id=us.id, provider_instance_id="i-us",
+                            idempotency_key="test-i-us", gpus=8, state="draining")  # fmt: skip
+        s.add(victim)
+        s.flush()
+        s.add(m.Replica(name="r-us", deployment_id=dep.id, cluster_id=us.id, state="ready",
+                        instance_id=victim.id))  # fmt: skip
+        for i in range(placed - 1):
+            s.add(m.Replica(name=f"r-{i}", deployment_id=dep.id, cluster_id=eu.id,
+                            state="ready"))  # fmt: skip
+
+    def eu_assistant_on_use1() -> list:
+        with session_factory() as s:
+            us = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
+            return [d for d in desired_state(s, us).deployments if d.name == "eu-assistant"]
+
+    [held] = eu_assistant_on_use1()
+    assert (held.quota.min, held.quota.max, held.hold_leaving) == (0, 0, 1)
+    sink = DbSink(session_factory, on_change=lambda reason: None)
+    replacement = ReplicaStatus(replica_id="r-new", deployment="eu-assistant", revision="1",
+                                state="ready")  # fmt: skip
+    await sink.record_fact("euc1-a", ReplicaStarted(cluster="euc1-a", source="cluster/euc1-a",
+                                                    replica=replacement), datetime.now(UTC))  # fmt: skip
+    assert eu_assistant_on_use1() == [], "replacement ready: the deployment leaves use1-a"

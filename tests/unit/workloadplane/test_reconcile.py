@@ -298,3 +298,7 @@ def test_a_held_replica_serves_until_the_control_plane_lets_it_go_or_the_deadlin
     assert reconcile(held, running, now=soon) == [
         DrainReplica("a", "instance i-1 is draining, deadline near")
     ]
+    # the deployment left this cluster altogether: quota 0, the held replica still serves
+    gone = held.model_copy(update={"deployments": [held.deployments[0].model_copy(update={
+        "quota": ReplicaQuota(min=0, max=0), "pool_quotas": []})]})  # fmt: skip
+    assert reconcile(gone, [on("a", "spot", "i-1")], now=NOW) == []
