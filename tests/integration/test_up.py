@@ -18,7 +18,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from controlplane.local.ports import free_port
+from controlplane.local.ports import free_port_block
 from controlplane.local.up import postgres_root
 
 READY = "Ctrl-C stops everything."
@@ -82,7 +82,11 @@ class Up:
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {name: free_port() for name in ("api", "postgres", "nats", "redis", "router_base")}
+    """Below the ephemeral range: `up` binds them seconds after they are chosen, and an
+    outgoing connection may be handed a merely-free ephemeral port meanwhile."""
+    first = free_port_block(8)  # api, postgres, nats, redis, then three routers
+    names = ("api", "postgres", "nats", "redis", "router_base")
+    return {name: first + i for i, name in enumerate(names)}
 
 
 @pytest.fixture
@@ -150,7 +154,9 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     )
     assert answer.choices[0].message.content
 
-    second = Up(data_dir, {**ports, "api": free_port()})  # same data dir while the first runs
+    second = Up(
+        data_dir, {**ports, "api": free_port_block(1)}
+    )  # same data dir while the first runs
     assert second.proc.wait(60) == 1
     assert "another `gpufleet up`" in second.output
 
