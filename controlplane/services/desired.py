@@ -107,10 +107,11 @@ def split_holds(deficit: int, leaving: dict[str, int]) -> dict[str, int]:
 def _holds(
     session: Session, cluster: Cluster, deployments: Iterable[Deployment], placed: dict[str, int]
 ) -> dict[str, int]:
-    """Per deployment placed here: `hold_leaving` for this cluster. A replica on a draining
-    instance (spot notice, cordon) keeps serving while the deployment has fewer ready
-    replicas elsewhere than placed — its replacement may be starting on another cluster,
-    which this cluster's agent cannot see. `release_holds` re-publishes as they get ready."""
+    """Per deployment (placed here, or leaving here): `hold_leaving` for this cluster. A
+    replica on a draining instance (spot notice, cordon) keeps serving while the deployment
+    has fewer ready replicas elsewhere than placed — its replacement may be starting on
+    another cluster, which this cluster's agent cannot see. `release_holds` re-publishes as
+    they get ready."""
     ids = {d.id: d.name for d in deployments}
     if not ids:
         return {}
