@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -107,28 +108,43 @@ async def test_metrics_pass_real_vllm_families_through(vllm_plane: Plane):
 
 
 async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):
-    """Last: it drains the module's replica away. Streamed, so that the request is known to
-    be in flight (its first tokens have arrived) when the drain begins, however loaded the
-    machine; the rest of the stream must still arrive, whole."""
+    """Last: it drains the module's replica away. The drain begins the moment the router
+    hands the request to a replica (its dispatch is watched: polling "is it in flight?"
+    misses it when vLLM answers in one burst, which this tiny model often does), and the
+    stream must still arrive whole."""
     router = vllm_plane.router
+    dispatched: asyncio.Queue[str] = asyncio.Queue()
+    assign = router._assign
+
+    def watched(entry: Any, backend: Any, ticket: Any) -> Any:
+        dispatched.put_nowait(backend.replica_id)
+        return assign(entry, backend, ticket)
+
+    router._assign = watched  # type: ignore[method-assign]
     body = {"model": "tiny", "prompt": "x", "max_tokens": 500, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
-    async with (
-        httpx.AsyncClient(timeout=150) as c,
-        c.stream("POST", f"{vllm_plane.url}/v1/completions", json=body) as r,
-    ):
-        assert r.status_code == 200
-        lines = r.aiter_lines()
-        first = await anext(line async for line in lines if line.strip())
-        serving = [rid for rid in router.backends if router.replica_in_flight(rid) > 0]
-        assert len(serving) == 1, f"in flight after the first chunk: {serving}"
-        (rid,) = serving
+
+    async def stream() -> list[str]:
+        async with (
+            httpx.AsyncClient(timeout=150) as c,
+            c.stream("POST", f"{vllm_plane.url}/v1/completions", json=body) as r,
+        ):
+            assert r.status_code == 200
+            return [line async for line in r.aiter_lines() if line.strip()]
+
+    try:
+        request = asyncio.create_task(stream())
+        async with asyncio.timeout(90):
+            rid = await dispatched.get()
+        assert router.replica_in_flight(rid) == 1
         started = time.monotonic()
         await vllm_plane.runtime.drain(rid)
-        rest = [line async for line in lines if line.strip()]
-    chunks = [json.loads(x.removeprefix("data: ")) for x in [first, *rest[:-1]]]
-    assert rest[-1] == "data: [DONE]"
-    assert chunks[-1]["usage"]["completion_tokens"] == 500, "the stream was cut by the drain"
+        lines = await request
+    finally:
+        router._assign = assign  # type: ignore[method-assign]
+    assert lines[-1] == "data: [DONE]"
+    usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
+    assert usage["completion_tokens"] == 500, "the stream was cut by the drain"
     async with asyncio.timeout(20):
         while rid in vllm_plane.runtime._replicas:
             await asyncio.sleep(0.1)
