@@ -255,11 +255,12 @@ class AgentBus:
     def publish_fact(self, fact: Envelope) -> None:
         """Send a fact; it is retried until JetStream acknowledges it.
 
-        With nothing waiting in the outbox it is sent at once, in a task of its own (no hop
-        through the outbox task: facts are on the desired → applied path); one that fails
-        joins the outbox. Otherwise it queues behind what waits, in order. So facts keep
+        With nothing waiting in the outbox (and fewer than ``OUTBOX_BATCH`` sends in flight)
+        it is sent at once, in a task of its own (no hop through the outbox task: facts are
+        on the desired → applied path); one that fails joins the outbox. Otherwise it queues
+        behind what waits, in order. So facts keep
         their order except around a failed send, which is retried after later ones."""
-        if not self._outbox and self.connected:
+        if not self._outbox and self.connected and len(self._in_flight) < OUTBOX_BATCH:
             task = asyncio.create_task(self._send_now(fact))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)

@@ -8,7 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 from controlplane.contracts import DesiredStateApplied, Envelope
-from workloadplane.bus import AgentBus
+from workloadplane.bus import OUTBOX_BATCH, AgentBus
 
 
 class Publisher:
@@ -75,6 +75,21 @@ async def test_a_failed_fact_is_kept_and_retried_and_later_ones_queue_behind_it(
         assert publisher.acked == [1, 2, 3]
         bus.publish_fact(applied(4))  # empty again: straight out
         await until(lambda: publisher.acked[-1:] == [4], "4 sent")
+    finally:
+        sender.cancel()
+        await bus.close()
+
+
+async def test_sends_in_flight_are_bounded_and_the_rest_queue_in_order():
+    publisher = Publisher()
+    bus = make_bus(publisher)
+    sender = asyncio.create_task(bus._send_outbox())
+    try:
+        for generation in range(1, OUTBOX_BATCH + 11):
+            bus.publish_fact(applied(generation))
+        assert len(bus._in_flight) == OUTBOX_BATCH and bus.outbox_size == 10
+        await until(lambda: len(publisher.acked) == OUTBOX_BATCH + 10, "all sent")
+        assert sorted(publisher.acked) == list(range(1, OUTBOX_BATCH + 11))
     finally:
         sender.cancel()
         await bus.close()
