@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.contracts import ReplicaStarted, ReplicaStatus
 from controlplane.db import models as m
@@ -158,40 +160,62 @@ def test_a_waiting_replan_runs_once_the_running_one_is_done(demo, session_factor
     assert results[0] is not None
 
 
+def named(s: Session, model: type[Any], name: str) -> Any:
+    return s.scalars(select(model).where(model.name == name)).one()
+
+
+def seed_leaving(factory: sessionmaker[Session], leaving_on: str, pool: str) -> None:
+    """eu-assistant with all its placed replicas ready: one on a draining instance of
+    `leaving_on` (in `pool`), the others on euc1-a."""
+    with transaction(factory) as s:
+        dep = named(s, m.Deployment, "eu-assistant")
+        placed = sum(s.scalars(select(m.Placement.replicas)
+                               .where(m.Placement.deployment_id == dep.id)))  # fmt: skip
+        assert placed >= 1
+        cluster = named(s, m.Cluster, leaving_on)
+        victim = m.Instance(pool_id=named(s, m.Pool, pool).id, cluster_id=cluster.id,
+                            provider_instance_id="i-v", idempotency_key="test-i-v", gpus=8,
+                            state="draining")  # fmt: skip
+        s.add(victim)
+        s.flush()
+        s.add(m.Replica(name="r-leaving", deployment_id=dep.id, cluster_id=cluster.id,
+                        state="ready", instance_id=victim.id))  # fmt: skip
+        eu = named(s, m.Cluster, "euc1-a")
+        for i in range(placed - 1):
+            s.add(m.Replica(name=f"r-{i}", deployment_id=dep.id, cluster_id=eu.id,
+                            state="ready"))  # fmt: skip
+
+
+def eu_assistant_on(factory: sessionmaker[Session], cluster: str) -> tuple[int, list[Any]]:
+    """The cluster's desired generation and eu-assistant's entries in its desired state."""
+    with factory() as s:
+        row = named(s, m.Cluster, cluster)
+        found = [d for d in desired_state(s, row).deployments if d.name == "eu-assistant"]
+        return row.desired_generation, found
+
+
+async def replacement_ready(factory: sessionmaker[Session]) -> None:
+    """euc1-a reports a new eu-assistant replica ready (as its agent's fact would)."""
+    replica = ReplicaStatus(replica_id="r-new", deployment="eu-assistant", revision="1",
+                            state="ready")  # fmt: skip
+    fact = ReplicaStarted(cluster="euc1-a", source="cluster/euc1-a", replica=replica)
+    await DbSink(factory, on_change=lambda reason: None).record_fact(
+        "euc1-a", fact, datetime.now(UTC)
+    )
+
+
 async def test_a_replica_on_a_draining_instance_is_held_until_a_replacement_is_ready(
     demo, operator, session_factory
 ):
     """The replacement may start on another cluster, which the draining one cannot see:
     the control plane holds the leaving replica and lets it go when enough are ready."""
     operator.post("placement/replan", {})
-    with transaction(session_factory) as s:
-        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
-        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-euc1-h100-od")).one()
-        dep = s.scalars(select(m.Deployment).where(m.Deployment.name == "eu-assistant")).one()
-        placed = sum(s.scalars(select(m.Placement.replicas)
-                               .where(m.Placement.deployment_id == dep.id)))  # fmt: skip
-        victim = m.Instance(pool_id=pool.id, cluster_id=cluster.id, provider_instance_id="i-v",
-                            idempotency_key="test-i-v", gpus=8, state="draining")  # fmt: skip
-        s.add(victim)
-        s.flush()
-        for i in range(placed):  # all ready, the first one on the draining instance
-            s.add(m.Replica(name=f"r-{i}", deployment_id=dep.id, cluster_id=cluster.id,
-                            state="ready", instance_id=victim.id if i == 0 else None))  # fmt: skip
-    with session_factory() as s:
-        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
-        [eu] = desired_state(s, cluster).deployments
-        generation = cluster.desired_generation
-    assert placed >= 1 and eu.hold_leaving == 1, "one short elsewhere: keep it serving"
-
-    sink = DbSink(session_factory, on_change=lambda reason: None)
-    replacement = ReplicaStatus(replica_id="r-new", deployment="eu-assistant", revision="1",
-                                state="ready")  # fmt: skip
-    await sink.record_fact("euc1-a", ReplicaStarted(cluster="euc1-a", source="cluster/euc1-a",
-                                                    replica=replacement), datetime.now(UTC))  # fmt: skip
-    with session_factory() as s:
-        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
-        [eu] = desired_state(s, cluster).deployments
-    assert cluster.desired_generation > generation, "the agent hears that the hold is over"
+    seed_leaving(session_factory, "euc1-a", "aws-euc1-h100-od")
+    generation, [eu] = eu_assistant_on(session_factory, "euc1-a")
+    assert eu.hold_leaving == 1, "one short elsewhere: keep it serving"
+    await replacement_ready(session_factory)
+    later, [eu] = eu_assistant_on(session_factory, "euc1-a")
+    assert later > generation, "the agent hears that the hold is over"
     assert eu.hold_leaving == 0
 
 
@@ -202,33 +226,9 @@ async def test_a_cluster_the_deployment_left_keeps_its_held_replica_until_the_re
     placement no longer names that cluster, but its desired state keeps the deployment
     (quota 0, hold 1) so the replica serves until the replacement is ready elsewhere."""
     operator.post("placement/replan", {})
-    with transaction(session_factory) as s:
-        eu = s.scalars(select(m.Cluster).where(m.Cluster.name == "euc1-a")).one()
-        us = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
-        pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-use1-l40s-spot")).one()
-        dep = s.scalars(select(m.Deployment).where(m.Deployment.name == "eu-assistant")).one()
-        placed = sum(s.scalars(select(m.Placement.replicas)
-                               .where(m.Placement.deployment_id == dep.id)))  # fmt: skip
-        victim = m.Instance(pool_id=pool.id, cluster_id=us.id, provider_instance_id="i-us",
-                            idempotency_key="test-i-us", gpus=8, state="draining")  # fmt: skip
-        s.add(victim)
-        s.flush()
-        s.add(m.Replica(name="r-us", deployment_id=dep.id, cluster_id=us.id, state="ready",
-                        instance_id=victim.id))  # fmt: skip
-        for i in range(placed - 1):
-            s.add(m.Replica(name=f"r-{i}", deployment_id=dep.id, cluster_id=eu.id,
-                            state="ready"))  # fmt: skip
-
-    def eu_assistant_on_use1() -> list:
-        with session_factory() as s:
-            us = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
-            return [d for d in desired_state(s, us).deployments if d.name == "eu-assistant"]
-
-    [held] = eu_assistant_on_use1()
+    seed_leaving(session_factory, "use1-a", "aws-use1-l40s-spot")
+    _, [held] = eu_assistant_on(session_factory, "use1-a")
     assert (held.quota.min, held.quota.max, held.hold_leaving) == (0, 0, 1)
-    sink = DbSink(session_factory, on_change=lambda reason: None)
-    replacement = ReplicaStatus(replica_id="r-new", deployment="eu-assistant", revision="1",
-                                state="ready")  # fmt: skip
-    await sink.record_fact("euc1-a", ReplicaStarted(cluster="euc1-a", source="cluster/euc1-a",
-                                                    replica=replacement), datetime.now(UTC))  # fmt: skip
-    assert eu_assistant_on_use1() == [], "replacement ready: the deployment leaves use1-a"
+    await replacement_ready(session_factory)
+    _, gone = eu_assistant_on(session_factory, "use1-a")
+    assert gone == [], "replacement ready: the deployment leaves use1-a"
