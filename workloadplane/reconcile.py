@@ -164,15 +164,12 @@ def leaving_replicas(desired: DesiredState, replicas: Sequence[ReplicaStatus]) -
     """Ids of the replicas reconcile replaces and drains (old revision, a draining instance,
     a pool no longer used): not capacity to scale on, though their requests are load."""
     instances = _Instances(desired, replicas, None, DEFAULT_DRAIN_LEAD)
-    by_name = {d.name: d for d in desired.deployments}
-    out: set[str] = set()
-    for r in replicas:
-        d = by_name.get(r.deployment)
-        if d is not None:
-            pools = {s.pool for s in _slots(d)}
-            if _leaving_reason(r, d.spec.revision, pools, instances) is not None:
-                out.add(r.replica_id)
-    return out
+    rules = {d.name: (d.spec.revision, {s.pool for s in _slots(d)}) for d in desired.deployments}
+    return {
+        r.replica_id
+        for r in replicas
+        if r.deployment in rules and _leaving_reason(r, *rules[r.deployment], instances) is not None
+    }
 
 
 def _reconcile_deployment(
