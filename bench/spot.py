@@ -50,8 +50,9 @@ from controlplane.db.migrate import upgrade
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.local.ports import free_port
 from controlplane.local.postgres import EmbeddedPostgres
-from controlplane.procurement_tasks import Deps, acquire_run, poll_interruptions_run, release_run
-from controlplane.services.procurement import Acquire, Policy, Release, plan_procurement
+from controlplane.procurement.core import Acquire, Policy, Release
+from controlplane.procurement.store import plan_procurement
+from controlplane.procurement.tasks import Deps, acquire_run, poll_interruptions_run, release_run
 from providers.local import LocalProvider
 from tests.integration.spot.drill import DRAIN_LEAD_S, DrillResult, run_drill, truncate
 
@@ -180,7 +181,13 @@ def main() -> None:
         local = LocalProvider(
             gpus_total=args.instances * 2, state_path=root / "local.json", clock=clock
         )
-        d = Deps(factory=factory, providers=lambda row: local, clock=clock, policy=Policy())
+        d = Deps(
+            factory=factory,
+            providers=lambda row: local,
+            replan=lambda reason: None,
+            clock=clock,
+            policy=Policy(),
+        )
         pool = fleet(factory, args.instances)
         with transaction(factory) as s:
             first = plan_procurement(s, {pool: args.instances}, clock(), d.policy)

@@ -44,9 +44,9 @@ def pending_snapshots(
 
 
 def trigger_replan(reason: str) -> None:
-    from controlplane.tasks import celery_app
+    from controlplane.tasks import request_replan
 
-    celery_app.send_task("gpufleet.replan", kwargs={"reason": reason})
+    request_replan(reason)
 
 
 async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25) -> None:

@@ -1,4 +1,7 @@
-"""Celery app and tasks of the control plane (worker and beat use this module).
+"""The worker's composition root: the Celery app (worker and beat run
+`celery -A controlplane.tasks:celery_app`), what its tasks use from the outside world
+(settings, database sessions, provider adapters), and the two ways other processes ask
+it for work: `request_replan()` and `dispatch_procurement()`.
 
 Tasks are thin: they open a transaction, call a service, and trigger follow-ups.
 """
@@ -6,16 +9,26 @@ Tasks are thin: they open a transaction, call a service, and trigger follow-ups.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
 from celery import Celery
-from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.db.session import make_engine, make_session_factory, transaction
-from controlplane.settings import get_settings
+from controlplane.procurement import tasks as procurement
+from controlplane.procurement.adapters import ProviderCache
+from controlplane.procurement.core import Action
+from controlplane.procurement.tasks import Deps
+from controlplane.services.clusters import update_liveness
+from controlplane.services.placement import replan as run_replan
+from controlplane.settings import Settings, get_settings
 
 log = logging.getLogger("gpufleet.tasks")
+
+REPLAN = "gpufleet.replan"
+CHECK_CLUSTERS = "gpufleet.check_clusters"
 
 
 def _broker() -> str:
@@ -29,59 +42,85 @@ celery_app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     beat_schedule={
-        "check-clusters": {"task": "gpufleet.check_clusters", "schedule": 5.0},
-        "poll-interruptions": {"task": "gpufleet.poll_interruptions", "schedule": 0.5},
-        "reconcile-instances": {"task": "gpufleet.reconcile_instances", "schedule": 30.0},
-        "refresh-offers": {"task": "gpufleet.refresh_offers", "schedule": 300.0},
-        "replan": {"task": "gpufleet.replan", "schedule": 30.0, "kwargs": {"reason": "timer"}},
+        "check-clusters": {"task": CHECK_CLUSTERS, "schedule": 5.0},
+        "poll-interruptions": {"task": procurement.POLL_INTERRUPTIONS, "schedule": 0.5},
+        "reconcile-instances": {"task": procurement.RECONCILE_INSTANCES, "schedule": 30.0},
+        "refresh-offers": {"task": procurement.REFRESH_OFFERS, "schedule": 300.0},
+        "replan": {"task": REPLAN, "schedule": 30.0, "kwargs": {"reason": "timer"}},
     },
 )
 
 
+def request_replan(reason: str, retry: bool | None = None) -> None:
+    """Ask the workers for a re-plan (`retry=False`: fail at once when the broker is down,
+    instead of Celery's publish retries)."""
+    celery_app.send_task(REPLAN, kwargs={"reason": reason}, retry=retry)
+
+
+def dispatch_procurement(actions: Iterable[Action]) -> None:
+    """Send the tasks that carry a committed plan's procurement actions out."""
+    procurement.dispatch(actions, celery_app.send_task)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What the worker's tasks use from the outside world."""
+
+    settings: Settings
+    procurement: Deps  # its session factory is the worker's
+
+
+def build_worker(settings: Settings) -> Worker:
+    factory = make_session_factory(make_engine(settings.database_url, pool_size=2))
+    deps = Deps(factory=factory, providers=ProviderCache(settings.data_dir), replan=request_replan)
+    return Worker(settings, deps)
+
+
+def register(app: Celery, worker: Callable[[], Worker]) -> None:
+    """Register every control-plane task on `app`, each run with `worker()` (tests pass
+    their own app and worker: a local or moto-backed provider, a manual clock)."""
+    procurement.register(app, lambda: worker().procurement)
+
+    @app.task(name=CHECK_CLUSTERS, shared=False)
+    def check_clusters() -> list[str]:
+        """Mark clusters stale/down after missed heartbeats; re-plan when one went down."""
+        w = worker()
+        with transaction(w.procurement.factory) as session:
+            down = update_liveness(
+                session,
+                datetime.now(UTC),
+                timedelta(seconds=w.settings.cluster_stale_after_s),
+                timedelta(seconds=w.settings.cluster_down_after_s),
+            )
+        if down:
+            log.warning("clusters down: %s", ", ".join(down))
+            w.procurement.replan(f"cluster down: {', '.join(down)}")
+        return down
+
+    @app.task(name=REPLAN, shared=False)
+    def replan(reason: str = "timer") -> dict[str, object] | None:
+        """Re-plan (one at a time: a Postgres advisory lock), write placements and an event,
+        then send the procurement tasks. The bus process publishes the clusters whose
+        desired generation moved."""
+        with transaction(worker().procurement.factory) as session:
+            done = run_replan(session, reason, wait_s=30.0)  # after the one running, not never
+        if done is None:
+            log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)
+            return None
+        procurement.dispatch(done.actions, app.send_task)  # after the commit, see dispatch
+        info = done.summary
+        cost, actions = info["total_cost_per_hour"], len(done.actions)
+        log.info("re-planned (%s): total $%s/h, %d procurement action(s)", reason, cost, actions)
+        return {
+            "total_cost_per_hour": cost,
+            "changes": len(info["changes"]),
+            "procurement": actions,
+        }
+
+
 @cache
-def sessions() -> sessionmaker[Session]:
-    return make_session_factory(make_engine(get_settings().database_url, pool_size=2))
+def _worker() -> Worker:
+    return build_worker(get_settings())
 
 
-@celery_app.task(name="gpufleet.check_clusters")
-def check_clusters() -> list[str]:
-    """Mark clusters stale/down after missed heartbeats; re-plan when one went down."""
-    from controlplane.services.clusters import update_liveness
-
-    settings = get_settings()
-    with transaction(sessions()) as session:
-        down = update_liveness(
-            session,
-            datetime.now(UTC),
-            timedelta(seconds=settings.cluster_stale_after_s),
-            timedelta(seconds=settings.cluster_down_after_s),
-        )
-    if down:
-        log.warning("clusters down: %s", ", ".join(down))
-        replan.delay(reason=f"cluster down: {', '.join(down)}")
-    return down
-
-
-@celery_app.task(name="gpufleet.replan")
-def replan(reason: str = "timer") -> dict[str, object] | None:
-    """Re-plan (one at a time: a Postgres advisory lock), write placements and an event.
-
-    The bus process publishes the clusters whose desired generation moved.
-    """
-    from controlplane.procurement_tasks import dispatch
-    from controlplane.services.placement import replan as run_replan
-
-    with transaction(sessions()) as session:
-        done = run_replan(session, reason, wait_s=30.0)  # plan after the one running, not never
-    if done is None:
-        log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)
-        return None
-    dispatch(done.actions)  # after the commit: the acquire tasks read the requested rows
-    info = done.summary
-    log.info("re-planned (%s): total $%s/h, %d procurement action(s)", reason,
-             info["total_cost_per_hour"], len(done.actions))  # fmt: skip
-    return {"total_cost_per_hour": info["total_cost_per_hour"], "changes": len(info["changes"]),
-            "procurement": len(done.actions)}  # fmt: skip
-
-
-from controlplane import procurement_tasks  # noqa: E402, F401  (registers acquire/release/sweeps)
+register(celery_app, _worker)

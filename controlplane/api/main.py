@@ -36,7 +36,7 @@ class ReplanRequests:
         self._wanted.set()
 
     def _run(self) -> None:
-        from controlplane.tasks import celery_app
+        from controlplane.tasks import request_replan
 
         while True:
             self._wanted.wait()
@@ -44,7 +44,7 @@ class ReplanRequests:
             with self._lock:
                 reason, self._reasons = ", ".join(sorted(self._reasons)), set()
             try:
-                celery_app.send_task("gpufleet.replan", kwargs={"reason": reason}, retry=False)
+                request_replan(reason, retry=False)
             except Exception as exc:  # the timer covers it
                 log.warning("could not request a re-plan (%s); the timer will", type(exc).__name__)
             time.sleep(self._min_gap_s)
@@ -52,7 +52,7 @@ class ReplanRequests:
 
 def dispatch_procurement(actions: list[Any]) -> None:
     """Send procurement tasks; requested rows stay, so the reconcile sweep resumes them."""
-    from controlplane.procurement_tasks import dispatch
+    from controlplane.tasks import dispatch_procurement as dispatch
 
     try:
         dispatch(actions)

@@ -27,7 +27,7 @@ from controlplane.contracts import (
 )
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
-from controlplane.services import procurement
+from controlplane.procurement import facts as procurement
 from controlplane.services.desired import release_holds
 
 log = logging.getLogger("gpufleet.observed")

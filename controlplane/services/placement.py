@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 
 from controlplane import placement as engine
 from controlplane.db import models as m
+from controlplane.procurement.core import ACTIVE
+from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services.desired import bump_desired
-from controlplane.services.procurement import ACTIVE, blocked_reason, plan_procurement
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
 ENGINE_STATE = {"healthy": "healthy", "stale": "healthy", "cordoned": "draining",

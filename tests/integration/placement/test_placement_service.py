@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.contracts import ReplicaStarted, ReplicaStatus
 from controlplane.db import models as m
 from controlplane.db.session import transaction
-from controlplane.services import procurement
+from controlplane.procurement import facts as procurement
 from controlplane.services.desired import desired_state
 from controlplane.services.inventory import Actor
 from controlplane.services.manifests import apply_manifests

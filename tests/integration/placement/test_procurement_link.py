@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import select, update
 
 from controlplane.db import models as m
+from controlplane.procurement.core import Acquire
 from controlplane.services.placement import replan
-from controlplane.services.procurement import Acquire
 from tests.integration.api import builders as b
 
 

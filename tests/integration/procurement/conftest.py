@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.db import models as m
 from controlplane.db.base import Base
 from controlplane.db.session import make_engine, make_session_factory, transaction
-from controlplane.procurement_tasks import Deps
-from controlplane.services.procurement import Policy
+from controlplane.procurement.core import Policy
+from controlplane.procurement.tasks import Deps
+from controlplane.settings import Settings
+from controlplane.tasks import REPLAN, Worker, register
 from providers.local import LocalProvider
 
 # the moto-backed EC2 fixtures of the provider suite (session servers, started on demand)
@@ -54,11 +57,11 @@ class Sent:
         self.calls.append((name, kwargs))
 
     def replan(self, reason: str) -> None:
-        self.send_task("gpufleet.replan", kwargs={"reason": reason})
+        self.send_task(REPLAN, kwargs={"reason": reason})
 
     @property
     def replans(self) -> list[str]:
-        return [kw["reason"] for name, kw in self.calls if name == "gpufleet.replan"]
+        return [kw["reason"] for name, kw in self.calls if name == REPLAN]
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +108,14 @@ def make_deps(
         clock=clock,
         policy=Policy(**policy),
     )
+
+
+def worker_app(d: Deps) -> Celery:
+    """A Celery app with the worker's tasks run with `d`: the seam the worker's
+    composition root (`controlplane.tasks`) builds its own app through."""
+    app = Celery("test-worker", set_as_current=False)
+    register(app, lambda: Worker(Settings(), d))
+    return app
 
 
 @pytest.fixture

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane import procurement_tasks as tasks
 from controlplane.db import models as m
 from controlplane.db.session import transaction
-from controlplane.services.procurement import Acquire, plan_procurement
+from controlplane.procurement import tasks
+from controlplane.procurement.core import Acquire
+from controlplane.procurement.store import plan_procurement
 from providers.base import InsufficientCapacity, PoolRef, Provider, QuotaExceeded, Throttled
 
-from .conftest import make_deps, make_fleet
+from .conftest import make_deps, make_fleet, worker_app
 
 
 class WorkerKilled(BaseException):
@@ -68,8 +69,8 @@ def test_worker_killed_after_the_provider_call_reruns_into_the_same_instance(
     assert row.state == "requested" and row.provider_instance_id is None
     assert len(local.list_instances()) == 1
 
-    with tasks.using(d):  # the redelivered Celery task: same task id, same key
-        result = tasks.acquire.run(pool, 1, request_id="task-1")
+    redelivered = worker_app(d).tasks[tasks.ACQUIRE]  # same task id, same key
+    result = redelivered.run(pool, 1, request_id="task-1")
     (instance,) = local.list_instances()
     assert result["acquired"] == [instance.id]
     (row,) = rows(factory)
@@ -104,7 +105,7 @@ def test_plans_never_ask_twice_for_the_same_gpus(factory, fleet, local, sent, cl
         second = plan_procurement(s, {pool: 16}, clock())
     assert [(a.pool_id, a.count) for a in first if isinstance(a, Acquire)] == [(pool, 2)]
     assert second == []
-    tasks.dispatch(first, send=sent.send_task)
+    tasks.dispatch(first, sent.send_task)
     ((name, kwargs),) = sent.calls
     assert name == "gpufleet.acquire"
     tasks.acquire_run(make_deps(factory, local, sent, clock), **kwargs)

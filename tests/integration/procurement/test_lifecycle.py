@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane import procurement_tasks as tasks
 from controlplane.contracts import NodeUnhealthy, SpotInterruptionNoticed
 from controlplane.db import models as m
 from controlplane.db.session import transaction
-from controlplane.providers_factory import provider_config
+from controlplane.procurement import tasks
+from controlplane.procurement.adapters import provider_config
+from controlplane.procurement.core import Acquire, Release
+from controlplane.procurement.store import plan_procurement
 from controlplane.services.observed import DbSink
-from controlplane.services.procurement import Acquire, Release, plan_procurement
 from providers.base import InvalidRequest
 
 

@@ -57,10 +57,11 @@ from controlplane.db.base import Base
 from controlplane.db.session import transaction
 from controlplane.local.nats import NatsServer
 from controlplane.local.ports import free_port as nats_port
-from controlplane.procurement_tasks import Deps, acquire_run, release_run
+from controlplane.procurement.core import Acquire, Release
+from controlplane.procurement.store import plan_procurement
+from controlplane.procurement.tasks import Deps, acquire_run, release_run
 from controlplane.services import inventory
 from controlplane.services.placement import replan
-from controlplane.services.procurement import Acquire, Release, plan_procurement
 from controlplane.services.resources import KINDS
 from controlplane.settings import Settings
 from providers.local import LocalProvider

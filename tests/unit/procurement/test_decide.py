@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.services.procurement import (
+from controlplane.procurement.core import (
     Acquire,
     InstanceView,
     PoolView,
