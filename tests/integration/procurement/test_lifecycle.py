@@ -14,7 +14,7 @@ from sqlalchemy import select
 from controlplane.contracts import NodeUnhealthy, SpotInterruptionNoticed
 from controlplane.db import models as m
 from controlplane.db.session import transaction
-from controlplane.procurement import tasks
+from controlplane.procurement import facts, tasks
 from controlplane.procurement.adapters import provider_config
 from controlplane.procurement.core import Acquire, Release
 from controlplane.procurement.store import plan_procurement
@@ -123,6 +123,15 @@ def test_a_bad_node_is_replaced_but_an_outage_stops_replacement(factory, deps, f
     assert plan(deps, {pool: 16}) == []  # no replacement, no release of the sick nodes
     with factory() as s:
         assert s.get_one(m.Pool, pool).status["blocked"] == "outage"
+
+    with transaction(factory) as s:  # the operator, once the provider recovered
+        facts.clear_outage(s, pool)
+    after = plan(deps, {pool: 16})  # the sick nodes go (past their drain), one replacement
+    assert sorted((a.kind, getattr(a, "instance_id", None)) for a in after) == [
+        ("acquire", None),
+        ("release", a.id),
+        ("release", b.id),
+    ]
 
 
 def test_idle_instances_go_after_the_deployments_scale_down_delay(deps, fleet, local):

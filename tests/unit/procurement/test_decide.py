@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.procurement.core import (
-    Acquire,
-    InstanceView,
-    PoolView,
-    Release,
-    backoff_s,
-    decide,
-    instance_key,
-)
+from controlplane.procurement.core import Acquire, Release, decide, instance_key
 
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def make_pool(id: str = "p", purchase: str = "on_demand", gpi: int = 8, **kw) -> PoolView:
-    fields = {"limit_gpus": None, "scale_down_delay_s": 300.0, "cluster_id": "c"} | kw
-    return PoolView(id=id, purchase_type=purchase, gpus_per_instance=gpi, **fields)
-
-
-_n = iter(range(10**6))
-
-
-def make_instance(pool: str = "p", state: str = "running", gpus: int = 8, **kw) -> InstanceView:
-    n = next(_n)
-    fields = {"health": "healthy", "created_at": NOW - timedelta(hours=1, seconds=n)} | kw
-    return InstanceView(id=f"i{n}", pool_id=pool, state=state, gpus=gpus, **fields)
+from .builders import NOW, make_instance, make_pool
 
 
 def acquires(decision) -> list[Acquire]:
@@ -126,13 +104,6 @@ def test_pools_missing_from_wanted_use_nothing():
     inst = make_instance(idle_since=NOW - timedelta(hours=1))
     d = decide([make_pool()], [inst], {"other": 8}, NOW)
     assert [r.instance_id for r in releases(d)] == [inst.id]
-
-
-def test_backoff_is_exponential_with_full_jitter_and_capped():
-    assert backoff_s(0, 0.999, base_s=1) < 1
-    assert backoff_s(3, 0.5, base_s=1) == 4
-    assert backoff_s(30, 0.999, base_s=1, cap_s=60) < 60
-    assert backoff_s(5, 0.0) == 0
 
 
 def test_instance_keys_are_stable_per_request_and_portable():
