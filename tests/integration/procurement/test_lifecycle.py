@@ -127,11 +127,8 @@ def test_a_bad_node_is_replaced_but_an_outage_stops_replacement(factory, deps, f
     with transaction(factory) as s:  # the operator, once the provider recovered
         facts.clear_outage(s, pool)
     after = plan(deps, {pool: 16})  # the sick nodes go (past their drain), one replacement
-    assert sorted((a.kind, getattr(a, "instance_id", None)) for a in after) == [
-        ("acquire", None),
-        ("release", a.id),
-        ("release", b.id),
-    ]
+    assert [x.count for x in after if isinstance(x, Acquire)] == [1]
+    assert {x.instance_id for x in after if isinstance(x, Release)} == {a.id, b.id}
 
 
 def test_idle_instances_go_after_the_deployments_scale_down_delay(deps, fleet, local):
