@@ -15,10 +15,10 @@ from fastapi import Request
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.api.schemas import Role
 from controlplane.db.models import ApiToken
 from controlplane.errors import Forbidden, Unauthenticated
 from controlplane.services.inventory import hash_token
+from controlplane.specs import Role
 
 RANK = {Role.viewer: 0, Role.operator: 1, Role.admin: 2}
 

@@ -13,13 +13,13 @@ from sqlalchemy.orm import Session
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import list_filters, read_scope
-from controlplane.api.schemas import Role
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, NotFound
 from controlplane.services import inventory as svc
 from controlplane.services.resources import KINDS, Filter
 from controlplane.services.resources import eq_filter as _eq
 from controlplane.services.resources import ref_filter as _ref
+from controlplane.specs import Role
 
 
 def _plain(row: Any) -> dict[str, Any]:

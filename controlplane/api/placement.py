@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope, session_scope
-from controlplane.api.schemas import Role
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
+from controlplane.specs import Role
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
 

@@ -19,13 +19,13 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import REVISION_FIELDS, Spec
-from controlplane.bus.credentials import generate_cluster_credentials, hash_password
+from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
 from controlplane.services import audit
 from controlplane.services.resources import ResourceKind
 from controlplane.services.validation import invalid_spec_from
+from controlplane.specs import REVISION_FIELDS, Spec
 
 TOKEN_PREFIX = "gpf_"
 

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import (
+from controlplane.db import models as m
+from controlplane.errors import InUse, InvalidSpec
+from controlplane.specs import (
     ClusterSpec,
     DeploymentSpec,
     GpuTypeSpec,
@@ -24,8 +26,6 @@ from controlplane.api.schemas import (
     Spec,
     TokenSpec,
 )
-from controlplane.db import models as m
-from controlplane.errors import InUse, InvalidSpec
 
 Filter = Callable[[Select[Any], str], Select[Any]]
 

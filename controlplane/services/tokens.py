@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import Role, TokenSpec
 from controlplane.db.models import ApiToken
 from controlplane.services import inventory
 from controlplane.services.resources import KINDS
+from controlplane.specs import Role, TokenSpec
 
 
 def ensure_admin_token(session: Session, name: str = "admin") -> str | None:

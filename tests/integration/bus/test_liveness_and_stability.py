@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bus import InMemorySink, ReportConsumer, liveness_changes, publish_desired
-from controlplane.bus.liveness import Liveness
+from controlplane.bus import InMemorySink, ReportConsumer, publish_desired
+from controlplane.liveness import Liveness, liveness_changes
 from controlplane.local.ports import free_port
 from tests.integration.bus.builders import make_desired, start_agent
 from tests.integration.bus.conftest import Bus, eventually

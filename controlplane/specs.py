@@ -1,6 +1,7 @@
 """The specs users write (API bodies, CLI YAML, Terraform): references are by name.
 
-A spec is what the user owns; `generation` changes only when it changes. Status is ours.
+Domain, not HTTP: services, the CLI and the API all validate with these models. A spec is
+what the user owns; `generation` changes only when it changes. Status is ours.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Self
 
 from pydantic import (
     AnyHttpUrl,
@@ -287,8 +288,3 @@ class TokenSpec(Spec):
     role: Role
     description: str | None = Field(default=None, max_length=255)
     expires_at: datetime | None = None
-
-
-class Page(BaseModel):
-    items: list[dict[str, Any]]
-    next_cursor: str | None = None
