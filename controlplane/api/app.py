@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +28,7 @@ from controlplane.errors import (
     Problem,
     problem_for,
 )
+from controlplane.services.health import database_answers
 from controlplane.services.validation import field_path, friendly
 from controlplane.settings import Settings
 
@@ -117,7 +117,7 @@ def _health_router() -> APIRouter:
     def readyz(request: Request) -> JSONResponse:
         try:
             with request.app.state.session_factory() as session:
-                session.execute(text("SELECT 1"))
+                database_answers(session)
         except Exception as exc:
             log.warning("readyz: database unreachable: %s", type(exc).__name__)
             return JSONResponse({"status": "database unreachable"}, status_code=503)
