@@ -6,12 +6,14 @@ what the user owns; `generation` changes only when it changes. Status is ours.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
+    AliasChoices,
     AnyHttpUrl,
     BaseModel,
     ConfigDict,
@@ -203,14 +205,73 @@ class ScheduleEntry(Spec):
     min_replicas: int = Field(ge=0)
 
 
-class AutoscalingPolicy(Spec):
+def _was(name: str, old: str) -> AliasChoices:
+    """Accept `old`, the spelling before one word per concept, as a deprecated alias."""
+    return AliasChoices(name, old)
+
+
+def _one_spelling(data: Any, deprecated: Mapping[str, str]) -> Any:
+    if isinstance(data, Mapping):
+        for old, new in deprecated.items():
+            if old in data and new in data:
+                raise ValueError(f"send only `{new}`: `{old}` is its deprecated spelling")
+    return data
+
+
+AUTOSCALING_DEPRECATED = {
+    "window_s": "window_seconds",
+    "scale_down_delay_s": "scale_down_delay_seconds",
+    "concurrency_target": "target_concurrency",
+    "scale_to_zero_idle_s": "scale_to_zero_idle_seconds",
+}
+PLACEMENT_DEPRECATED = {
+    "min_providers": "min_distinct_providers",
+    "min_regions": "min_distinct_regions",
+}
+
+
+class AutoscalingSpec(Spec):
+    """The knobs of each plane's autoscaler, spelled and defaulted as in the contract
+    (`contracts.AutoscalingPolicy`) that carries them to the agent."""
+
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=1, ge=0, le=10_000)
-    window_s: float = Field(default=60, gt=0, le=3600)
-    scale_down_delay_s: float = Field(default=300, ge=0, le=86_400)
-    concurrency_target: int = Field(default=16, ge=1, le=10_000)
-    scale_to_zero_idle_s: float = Field(default=900, ge=0)
+    window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        validation_alias=_was("window_seconds", "window_s"),
+        description="Load is averaged over this window. Deprecated alias: window_s.",
+    )
+    scale_down_delay_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        validation_alias=_was("scale_down_delay_seconds", "scale_down_delay_s"),
+        description="A lower count must hold this long before replicas are removed. "
+        "Deprecated alias: scale_down_delay_s.",
+    )
+    target_concurrency: float = Field(
+        default=8.0,
+        gt=0,
+        le=10_000,
+        validation_alias=_was("target_concurrency", "concurrency_target"),
+        description="Requests in flight per replica the autoscaler aims at; also the "
+        "router's per-replica limit. Deprecated alias: concurrency_target.",
+    )
+    scale_to_zero_idle_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        validation_alias=_was("scale_to_zero_idle_seconds", "scale_to_zero_idle_s"),
+        description="With min_replicas 0: no load for this long scales to zero. "
+        "Deprecated alias: scale_to_zero_idle_s.",
+    )
     schedule: list[ScheduleEntry] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_both_spellings(cls, data: Any) -> Any:
+        return _one_spelling(data, AUTOSCALING_DEPRECATED)
 
     @field_validator("max_replicas")
     @classmethod
@@ -224,7 +285,7 @@ class AutoscalingPolicy(Spec):
         return v
 
 
-class PlacementPolicy(Spec):
+class PlacementSpec(Spec):
     allowed_jurisdictions: list[str] = Field(
         default_factory=list, description="ISO 3166 codes; empty: anywhere."
     )
@@ -232,8 +293,27 @@ class PlacementPolicy(Spec):
     required_certifications: list[Certification] = Field(default_factory=list)
     spot_allowed: bool = False
     max_spot_fraction: float = Field(default=0.5, ge=0, le=1)
-    min_providers: int = Field(default=1, ge=1, le=16)
-    min_regions: int = Field(default=1, ge=1, le=64)
+    min_distinct_providers: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        validation_alias=_was("min_distinct_providers", "min_providers"),
+        description="Spread replicas over at least this many providers. "
+        "Deprecated alias: min_providers.",
+    )
+    min_distinct_regions: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        validation_alias=_was("min_distinct_regions", "min_regions"),
+        description="Spread replicas over at least this many regions. "
+        "Deprecated alias: min_regions.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_both_spellings(cls, data: Any) -> Any:
+        return _one_spelling(data, PLACEMENT_DEPRECATED)
 
     @field_validator("allowed_jurisdictions")
     @classmethod
@@ -254,8 +334,8 @@ class DeploymentSpec(Spec):
     engine_args: list[str] = Field(default_factory=list)
     gpus_per_replica: int = Field(ge=1, le=64)
     gpu_types: list[GpuTypeName] = Field(min_length=1, description="Acceptable GPU types.")
-    autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
-    placement: PlacementPolicy = Field(default_factory=PlacementPolicy)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
     priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
     traffic: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict, description="Where requests come from: region name → weight."

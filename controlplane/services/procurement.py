@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from controlplane.db.columns import autoscaling_from
 from controlplane.db.models import Deployment, Event, Instance, Placement, Pool, Replica
 from controlplane.services.desired import bump_desired
 
@@ -320,7 +321,7 @@ def cluster_for(session: Session, pool: Pool) -> str | None:
 def _scale_down_delay(session: Session, pool_id: str, policy: Policy) -> float:
     """The longest scale-down delay of the deployments placed on the pool."""
     delays = [
-        float((auto or {}).get("scale_down_delay_s", policy.default_scale_down_delay_s))
+        autoscaling_from(auto).scale_down_delay_seconds
         for auto in session.scalars(
             select(Deployment.autoscaling)
             .join(Placement, Placement.deployment_id == Deployment.id)

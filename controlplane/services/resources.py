@@ -14,6 +14,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db import models as m
+from controlplane.db.columns import cluster_status, set_status
 from controlplane.errors import InUse, InvalidSpec
 from controlplane.specs import (
     ClusterSpec,
@@ -239,7 +240,7 @@ def _load_cluster(row: m.Cluster) -> dict[str, Any]:
         "name": row.name,
         "region": row.region.name,
         "pools": sorted(p.name for p in row.pools),
-        "cordoned": row.state == "cordoned" or bool(row.status.get("cordoned")),
+        "cordoned": row.state == "cordoned" or cluster_status(row).cordoned,
     }
     if row.endpoint:
         spec["endpoint"] = row.endpoint
@@ -251,7 +252,7 @@ def _apply_cluster(session: Session, row: m.Cluster, spec: ClusterSpec) -> None:
     pools = [_by_name(session, m.Pool, name, "pools") for name in spec.pools]
     row.name, row.region, row.pools = spec.name, region, pools
     row.endpoint = str(spec.endpoint) if spec.endpoint else None
-    row.status = {**(row.status or {}), "cordoned": spec.cordoned}
+    set_status(row, cordoned=spec.cordoned)
 
 
 def _check_delete_cluster(session: Session, row: m.Cluster, force: bool) -> None:
