@@ -19,6 +19,7 @@ from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.observed import observed_routers
 from controlplane.api.placement import placement_router
+from controlplane.api.schemas import HealthOut
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
 from controlplane.errors import (
     BadRequest,
@@ -109,11 +110,16 @@ class RequestIdMiddleware:
 def _health_router() -> APIRouter:
     router = APIRouter(tags=["health"])
 
-    @router.get("/healthz", summary="Liveness (no auth)")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @router.get("/healthz", summary="Liveness (no auth)", response_model=HealthOut)
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    @router.get("/readyz", summary="Readiness: the database answers (no auth)")
+    @router.get(
+        "/readyz",
+        summary="Readiness: the database answers (no auth)",
+        response_model=HealthOut,
+        responses={503: {"model": HealthOut, "description": "the database does not answer"}},
+    )
     def readyz(request: Request) -> JSONResponse:
         try:
             with request.app.state.session_factory() as session:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import list_filters, read_scope
+from controlplane.api.schemas import RECORD_PAGES, RECORDS_OUT, RevisionPage
 from controlplane.services import records
 from controlplane.services.records import RECORDS, RecordKind
 from controlplane.specs import Role
@@ -21,22 +21,31 @@ def _router(kind: RecordKind) -> APIRouter:
         for f in sorted(kind.filters)
     ]
 
-    @router.get("", summary=f"List {kind.path}", openapi_extra={"parameters": params})
+    @router.get(
+        "",
+        summary=f"List {kind.path}",
+        response_model=RECORD_PAGES[kind.path],
+        openapi_extra={"parameters": params},
+    )
     def list_objects(
         request: Request,
         _: Principal = Depends(readers),
         limit: int = Query(100, ge=1, le=500),
         cursor: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
-            return records.page(session, kind, list_filters(request), limit, cursor)
+            return JSONResponse(records.page(session, kind, list_filters(request), limit, cursor))
 
-    @router.get("/{object_id}", summary=f"Get one of {kind.path} by id")
+    @router.get(
+        "/{object_id}",
+        summary=f"Get one of {kind.path} by id",
+        response_model=RECORDS_OUT[kind.path],
+    )
     def get_object(
         request: Request, object_id: str, _: Principal = Depends(readers)
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
-            return records.get_one(session, kind, object_id)
+            return JSONResponse(records.get_one(session, kind, object_id))
 
     return router
 
@@ -44,12 +53,16 @@ def _router(kind: RecordKind) -> APIRouter:
 def revisions_router() -> APIRouter:
     router = APIRouter(tags=["deployments"])
 
-    @router.get("/deployments/{ref}/revisions", summary="List a deployment's revisions")
+    @router.get(
+        "/deployments/{ref}/revisions",
+        summary="List a deployment's revisions",
+        response_model=RevisionPage,
+    )
     def list_revisions(
         request: Request, ref: str, _: Principal = Depends(require(Role.viewer))
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
-            return records.revisions(session, ref)
+            return JSONResponse(records.revisions(session, ref))
 
     return router
 

@@ -1,0 +1,246 @@
+"""HTTP-only shapes: what each route returns, so that `/api/v1/openapi.json` describes it.
+
+Request bodies are the specs (`controlplane.specs`). Services build the response JSON; these
+models only describe it (routes return it as built, so no byte changes), and
+tests/integration/api/test_openapi.py checks real responses against them.
+"""
+
+# No `from __future__ import annotations`: `create_model` and FastAPI read the types at runtime.
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from controlplane.services.resources import KINDS, ResourceKind
+from controlplane.status import ClusterStatus, DeploymentStatus, PlacementStatus, PoolStatus
+
+T = TypeVar("T")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Page(Out, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="pass it as `cursor` for the next page")
+
+
+class HealthOut(Out):
+    status: str
+
+
+# --- managed objects -----------------------------------------------------------------------
+
+
+class NoStatus(Out):
+    pass
+
+
+class ClusterStatusOut(ClusterStatus):
+    state: str = Field(description="pending, healthy, stale, down or cordoned")
+    agent_version: str | None = None
+    last_heartbeat_at: datetime | None = None
+    desired_generation: int
+    observed_generation: int
+
+
+class DeploymentStatusOut(DeploymentStatus):
+    revision: int
+    demand_replicas: int = Field(description="replicas the planes' autoscalers want, summed")
+
+
+class TokenStatusOut(Out):
+    prefix: str = Field(description="the token's first characters, to recognise it")
+    last_used_at: datetime | None = None
+
+
+class NatsCredentialsOut(Out):
+    user: str
+    password: str
+    inbox_prefix: str
+
+
+STATUS_OUT: dict[str, type[BaseModel]] = {
+    "pools": PoolStatus,
+    "clusters": ClusterStatusOut,
+    "deployments": DeploymentStatusOut,
+    "tokens": TokenStatusOut,
+}
+SECRETS_OUT: dict[str, dict[str, Any]] = {
+    "tokens": {
+        "token": (
+            str | None,
+            Field(default=None, description="the secret, only in the response that created it"),
+        )
+    },
+    "clusters": {
+        "nats_credentials": (
+            NatsCredentialsOut | None,
+            Field(default=None, description="the agent's login, only when the cluster is created"),
+        )
+    },
+}
+
+
+def object_model(kind: ResourceKind) -> type[BaseModel]:
+    """A managed object as the API returns it: its spec plus what the server keeps."""
+    fields: dict[str, Any] = {
+        "kind": (Literal[kind.kind], ...),  # type: ignore[valid-type]
+        "id": (str, ...),
+        "generation": (int, Field(description="bumped only when the spec really changes")),
+        "created_at": (datetime, ...),
+        "updated_at": (datetime, ...),
+        "status": (STATUS_OUT.get(kind.path, NoStatus), ...),
+        **SECRETS_OUT.get(kind.path, {}),
+    }
+    return create_model(kind.kind, __base__=kind.spec, **fields)
+
+
+OBJECTS: dict[str, type[BaseModel]] = {path: object_model(kind) for path, kind in KINDS.items()}
+PAGES: dict[str, type[BaseModel]] = {
+    path: Page[model]  # type: ignore[valid-type]
+    for path, model in OBJECTS.items()
+}
+
+
+# --- read-only records ---------------------------------------------------------------------
+
+
+class PlacementRecord(Out):
+    id: str
+    deployment_id: str
+    cluster_id: str
+    pool_id: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    cost_per_hour: str = Field(description="exact decimal, 6 places")
+    plan_generation: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ReplicaRecord(Out):
+    id: str
+    name: str
+    deployment_id: str
+    cluster_id: str
+    instance_id: str | None
+    revision: int
+    state: str
+    endpoint: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class InstanceRecord(Out):
+    id: str
+    pool_id: str
+    cluster_id: str | None
+    provider_instance_id: str | None
+    idempotency_key: str
+    gpus: int
+    state: str
+    health: str
+    drain_deadline: datetime | None
+    idle_since: datetime | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class EventRecord(Out):
+    id: str
+    time: datetime
+    type: str
+    object_kind: str
+    object_id: str | None
+    object_name: str | None
+    message: str
+    data: dict[str, Any]
+
+
+class AuditRecord(Out):
+    id: str
+    time: datetime
+    actor: str
+    action: str
+    resource_kind: str
+    resource_id: str | None
+    resource_name: str | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    request_id: str | None
+
+
+class RevisionRecord(Out):
+    id: str
+    deployment_id: str
+    revision: int
+    spec: dict[str, Any]
+    created_at: datetime
+
+
+RECORDS_OUT: dict[str, type[BaseModel]] = {
+    "placements": PlacementRecord,
+    "replicas": ReplicaRecord,
+    "instances": InstanceRecord,
+    "events": EventRecord,
+    "audit": AuditRecord,
+}
+RECORD_PAGES: dict[str, type[BaseModel]] = {
+    path: Page[model]  # type: ignore[valid-type]
+    for path, model in RECORDS_OUT.items()
+}
+RevisionPage = Page[RevisionRecord]
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+class AssignmentOut(Out):
+    deployment: str
+    cluster: str
+    pool: str
+    replicas: int
+
+
+class ChangeOut(Out):
+    kind: Literal["add", "remove", "move"]
+    deployment: str
+    replicas: int
+    from_cluster: str | None = None
+    from_pool: str | None = None
+    to_cluster: str | None = None
+    to_pool: str | None = None
+
+
+class ProcurementOut(Out):
+    pool: str
+    gpus: int
+    instances: int
+
+
+class CurrentPlacement(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus] = Field(
+        description="per deployment: wanted and placed replicas, cost, assignments, why not more"
+    )
+    assignments: list[AssignmentOut]
+
+
+class Replanned(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus]
+    changes: list[ChangeOut]
+    procurement: list[ProcurementOut] = Field(description="instances to buy for this plan")
+
+
+class PreviewOut(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus]
+    moves: list[ChangeOut]
+    procurement: list[ProcurementOut]
+    cost_delta_per_hour: str = Field(description="after minus before, per hour")
