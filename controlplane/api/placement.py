@@ -13,6 +13,7 @@ from controlplane.api.context import read_scope, session_scope
 from controlplane.api.schemas import CurrentPlacement, PreviewOut, Replanned
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
+from controlplane.services import what_if
 from controlplane.specs import Role
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
@@ -111,7 +112,7 @@ def placement_router() -> APIRouter:
         with read_scope(request) as session:
             world = svc.load_world(session)
             changes = [_engine_change(i, c, world) for i, c in enumerate(body.changes)]
-            return JSONResponse(svc.preview(world, changes))
+            return JSONResponse(what_if.preview(world, changes))
 
     @router.post(
         "/replan",

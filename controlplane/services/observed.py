@@ -109,9 +109,16 @@ def _revive(session: Session, cluster: Cluster) -> str | None:
     if cluster.state in ("healthy", "cordoned"):
         return None
     old, cluster.state = cluster.state, "healthy"
-    session.add(Event(type="ClusterHealthy", object_kind="Cluster", object_id=cluster.id,
-                      object_name=cluster.name, message=f"cluster {cluster.name} is healthy "
-                      f"(was {old}); heartbeats arrive", data={"from": old, "to": "healthy"}))  # fmt: skip
+    session.add(
+        Event(
+            type="ClusterHealthy",
+            object_kind="Cluster",
+            object_id=cluster.id,
+            object_name=cluster.name,
+            message=f"cluster {cluster.name} is healthy (was {old}); heartbeats arrive",
+            data={"from": old, "to": "healthy"},
+        )
+    )
     return "cluster_healthy"
 
 
@@ -215,5 +222,8 @@ def _summary(fact: Fact) -> str:
         return (
             f"{fact.deployment} {fact.from_replicas} → {fact.to_replicas} replicas: {fact.reason}"
         )
-    return ", ".join(f"{k}={v}" for k, v in fact.model_dump(mode="json").items()
-                     if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v)  # fmt: skip
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in fact.model_dump(mode="json").items()
+        if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v
+    )

@@ -2,15 +2,14 @@
 
 `load_world` maps rows to the pure engine's dataclasses; `apply_result` writes placements,
 per-deployment status (reasons, cost) and an event in the caller's transaction, and bumps
-the desired generation of every cluster whose share changed. What-if previews run the same
-path on a modified input and write nothing.
+the desired generation of every cluster whose share changed. What-if previews
+(`services.what_if`) run the same engine on a modified input and write nothing.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -33,8 +32,13 @@ from controlplane.services.desired import bump_desired
 from controlplane.services.procurement import ACTIVE, blocked_reason, plan_procurement
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
-ENGINE_STATE = {"healthy": "healthy", "stale": "healthy", "cordoned": "draining",
-                "down": "offline", "pending": "offline"}  # fmt: skip
+ENGINE_STATE = {
+    "healthy": "healthy",
+    "stale": "healthy",
+    "cordoned": "draining",
+    "down": "offline",
+    "pending": "offline",
+}
 
 
 def utc_offset_hours(longitude: float) -> float:
@@ -204,9 +208,15 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
 
 
 def _change(c: engine.Change) -> dict[str, Any]:
-    fields = {"kind": c.kind, "deployment": c.deployment, "replicas": c.replicas,
-              "from_cluster": c.from_cluster, "from_pool": c.from_pool,
-              "to_cluster": c.to_cluster, "to_pool": c.to_pool}  # fmt: skip
+    fields = {
+        "kind": c.kind,
+        "deployment": c.deployment,
+        "replicas": c.replicas,
+        "from_cluster": c.from_cluster,
+        "from_pool": c.from_pool,
+        "to_cluster": c.to_cluster,
+        "to_pool": c.to_pool,
+    }
     return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -240,12 +250,19 @@ def apply_result(
         dep = world.deployments[name]
         mins = _min_shares(deployment_autoscaling(dep).min_replicas, rows)
         for row, low in zip(rows, mins, strict=True):
-            session.add(m.Placement(
-                deployment_id=dep.id, cluster_id=world.clusters[row.cluster].id,
-                pool_id=world.pools[row.pool].id, replicas=row.replicas, min_replicas=low,
-                max_replicas=row.replicas,
-                cost_per_hour=Decimal(f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"),
-            ))  # fmt: skip
+            session.add(
+                m.Placement(
+                    deployment_id=dep.id,
+                    cluster_id=world.clusters[row.cluster].id,
+                    pool_id=world.pools[row.pool].id,
+                    replicas=row.replicas,
+                    min_replicas=low,
+                    max_replicas=row.replicas,
+                    cost_per_hour=Decimal(
+                        f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"
+                    ),
+                )
+            )
     info = summary(world, result)
     explained_before = {n: _unplaced(d) for n, d in world.deployments.items()}
     for name, dep in world.deployments.items():
@@ -253,13 +270,20 @@ def apply_result(
     explained_now = {n: _unplaced(d) for n, d in world.deployments.items()}
     bump_desired(session, touched)
     if touched or explained_now != explained_before:  # not every timer tick: only news
-        session.add(m.Event(
-            type="PlacementChanged" if touched else "PlacementUnchanged", object_kind="Placement",
-            message=f"re-planned ({reason}): {len(result.changes)} change(s), "
-                    f"{sum(u.replicas for u in result.unplaced)} replica(s) unplaced, "
-                    f"${result.total_cost_per_hour:.2f}/h",
-            data={"reason": reason, "changes": info["changes"], "procurement": info["procurement"]},
-        ))  # fmt: skip
+        session.add(
+            m.Event(
+                type="PlacementChanged" if touched else "PlacementUnchanged",
+                object_kind="Placement",
+                message=f"re-planned ({reason}): {len(result.changes)} change(s), "
+                f"{sum(u.replicas for u in result.unplaced)} replica(s) unplaced, "
+                f"${result.total_cost_per_hour:.2f}/h",
+                data={
+                    "reason": reason,
+                    "changes": info["changes"],
+                    "procurement": info["procurement"],
+                },
+            )
+        )
     return info
 
 
@@ -331,44 +355,8 @@ def current(session: Session) -> dict[str, Any]:
         {"deployment": a.deployment, "cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
         for a in world.input.current
     ]
-    return {"total_cost_per_hour": f"{total:.6f}", "deployments": deployments,
-            "assignments": assignments}  # fmt: skip
-
-
-def with_changes(world: World, changes: Iterable[dict[str, Any]]) -> World:
-    """A what-if copy of the world: e.g. a cluster down, a pool's reservation ended."""
-    inp = world.input
-    for change in changes:
-        inp = _apply_change(inp, change)
-    return replace(world, input=inp)
-
-
-def _apply_change(inp: engine.PlacementInput, change: dict[str, Any]) -> engine.PlacementInput:
-    kind, name, patch = change["kind"], change["name"], change.get("set", {})
-    if kind == "cluster":
-        return replace(inp, clusters=tuple(
-            replace(c, **_fields(engine.Cluster, patch)) if c.name == name else c for c in inp.clusters
-        ))  # fmt: skip
-    if kind == "pool":
-        return replace(inp, pools=tuple(
-            replace(p, **_fields(engine.Pool, patch)) if p.id == name else p for p in inp.pools
-        ))  # fmt: skip
-    return replace(inp, deployments=tuple(
-        replace(d, **_fields(engine.Deployment, patch)) if d.name == name else d for d in inp.deployments
-    ))  # fmt: skip
-
-
-def _fields(cls: type, patch: dict[str, Any]) -> dict[str, Any]:
-    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-    return {k: v for k, v in patch.items() if k in known}
-
-
-def preview(world: World, changes: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Re-plan with pretend changes against the plan for the unchanged world; writes nothing."""
-    baseline = engine.place(world.input)
-    changed = with_changes(world, changes)
-    after = engine.place(replace(changed.input, current=baseline.assignments))
-    info = summary(changed, after)
-    info["moves"] = info.pop("changes")
-    info["cost_delta_per_hour"] = f"{after.total_cost_per_hour - baseline.total_cost_per_hour:.6f}"
-    return info
+    return {
+        "total_cost_per_hour": f"{total:.6f}",
+        "deployments": deployments,
+        "assignments": assignments,
+    }

@@ -170,9 +170,15 @@ def _check_delete_gpu_type(session: Session, row: m.GpuType, force: bool) -> Non
 # pools -------------------------------------------------------------------------------------
 
 _POOL_OPTIONAL = (
-    "instance_type", "term_start", "term_end", "committed_gpus", "capacity_reservation_id",
-    "quota_gpus", "interruptions_per_hour", "notice_seconds",
-)  # fmt: skip
+    "instance_type",
+    "term_start",
+    "term_end",
+    "committed_gpus",
+    "capacity_reservation_id",
+    "quota_gpus",
+    "interruptions_per_hour",
+    "notice_seconds",
+)
 
 
 def _load_pool(row: m.Pool) -> dict[str, Any]:
