@@ -156,3 +156,14 @@ def test_server_object_becomes_a_manifest_without_metadata() -> None:
     assert not {"id", "generation", "created_at", "status"} & set(doc)
     (again,) = load_manifests_from([doc])
     assert plan_one(again, served(pool())).action == Action.unchanged
+
+
+def test_a_manifest_in_the_old_spelling_is_sent_and_compared_in_the_new_one() -> None:
+    old = {"max_replicas": 4, "concurrency_target": 16, "scale_to_zero_idle_s": 300}
+    (m,) = load_manifests_from([deployment(autoscaling=old, placement={"min_regions": 2})])
+    assert m.body["autoscaling"]["target_concurrency"] == 16.0
+    assert m.body["autoscaling"]["scale_to_zero_idle_seconds"] == 300.0
+    assert m.body["placement"]["min_distinct_regions"] == 2
+    new = {"max_replicas": 4, "target_concurrency": 16, "scale_to_zero_idle_seconds": 300}
+    server = served(deployment(autoscaling=new, placement={"min_distinct_regions": 2}))
+    assert plan_one(m, server).action == Action.unchanged
