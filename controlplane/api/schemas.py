@@ -12,6 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from controlplane.contracts import NatsCredentials
 from controlplane.services.resources import KINDS, ResourceKind
 from controlplane.status import ClusterStatus, DeploymentStatus, PlacementStatus, PoolStatus
 
@@ -56,12 +57,6 @@ class TokenStatusOut(Out):
     last_used_at: datetime | None = None
 
 
-class NatsCredentialsOut(Out):
-    user: str
-    password: str
-    inbox_prefix: str
-
-
 STATUS_OUT: dict[str, type[BaseModel]] = {
     "pools": PoolStatus,
     "clusters": ClusterStatusOut,
@@ -77,7 +72,7 @@ SECRETS_OUT: dict[str, dict[str, Any]] = {
     },
     "clusters": {
         "nats_credentials": (
-            NatsCredentialsOut | None,
+            NatsCredentials | None,
             Field(default=None, description="the agent's login, only when the cluster is created"),
         )
     },

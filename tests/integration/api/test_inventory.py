@@ -9,8 +9,16 @@ from tests.integration.api import builders as b
 
 def test_create_get_by_id_and_name_list_and_delete_a_pool(operator, admin):
     b.seed(admin)
-    created = operator.post("pools", b.pool("aws-use1-h100-spot", purchase_type="spot", quota_gpus=None,
-                                            interruptions_per_hour="0.05", notice_seconds=120))  # fmt: skip
+    created = operator.post(
+        "pools",
+        b.pool(
+            "aws-use1-h100-spot",
+            purchase_type="spot",
+            quota_gpus=None,
+            interruptions_per_hour="0.05",
+            notice_seconds=120,
+        ),
+    )
     assert created.status_code == 201, created.text
     body = created.json()
     assert body["generation"] == 1
@@ -121,8 +129,10 @@ def test_validation_errors_name_the_field_and_the_fix(admin, path, body, field, 
 
 def test_bad_json_is_a_400_problem_not_a_500(admin):
     response = admin.client.post(
-        "/api/v1/providers", content=b"{not json", headers=admin.headers | {"Content-Type": "application/json"}
-    )  # fmt: skip
+        "/api/v1/providers",
+        content=b"{not json",
+        headers=admin.headers | {"Content-Type": "application/json"},
+    )
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["detail"]
 

@@ -81,8 +81,10 @@ async def test_agent_serves_from_disk_without_nats_then_converges_to_newest(
     online = start_agent("a", bus.url, bus.clusters["a"], state_dir, runtime)
     _, sink = consumer
     try:
-        await eventually(lambda: any(o.observed_generation == 5 for _, o in sink.observed),
-                         what="heartbeat on generation 5")  # fmt: skip
+        await eventually(
+            lambda: any(o.observed_generation == 5 for _, o in sink.observed),
+            what="heartbeat on generation 5",
+        )
         assert online.agent.desired is not None
         assert online.agent.desired.generation == 5  # never back to 4
         assert runtime.started == 2

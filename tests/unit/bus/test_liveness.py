@@ -53,5 +53,6 @@ def test_changes_report_only_transitions():
         "b": (None, "healthy"),
     }
     assert liveness_changes({"a": "down", "b": "healthy"}, beats, now, STALE, DOWN) == {}
-    assert liveness_changes({"a": "down", "b": "healthy"}, beats,
-                            now + timedelta(seconds=5), STALE, DOWN) == {"b": ("healthy", "stale")}  # fmt: skip
+    assert liveness_changes(
+        {"a": "down", "b": "healthy"}, beats, now + timedelta(seconds=5), STALE, DOWN
+    ) == {"b": ("healthy", "stale")}
