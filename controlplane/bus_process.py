@@ -72,8 +72,12 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
             for state in await asyncio.to_thread(pending_snapshots, factory, published):
                 result = await publisher.publish(state)
                 published[state.cluster] = state.generation
-                log.info("desired state of %s at generation %d: %s", state.cluster,
-                         state.generation, result.outcome)  # fmt: skip
+                log.info(
+                    "desired state of %s at generation %d: %s",
+                    state.cluster,
+                    state.generation,
+                    result.outcome,
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:

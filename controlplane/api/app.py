@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +19,7 @@ from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.observed import observed_routers
 from controlplane.api.placement import placement_router
+from controlplane.api.schemas import HealthOut
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
 from controlplane.errors import (
     BadRequest,
@@ -29,6 +29,7 @@ from controlplane.errors import (
     Problem,
     problem_for,
 )
+from controlplane.services.health import database_answers
 from controlplane.services.validation import field_path, friendly
 from controlplane.settings import Settings
 
@@ -109,15 +110,20 @@ class RequestIdMiddleware:
 def _health_router() -> APIRouter:
     router = APIRouter(tags=["health"])
 
-    @router.get("/healthz", summary="Liveness (no auth)")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @router.get("/healthz", summary="Liveness (no auth)", response_model=HealthOut)
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    @router.get("/readyz", summary="Readiness: the database answers (no auth)")
+    @router.get(
+        "/readyz",
+        summary="Readiness: the database answers (no auth)",
+        response_model=HealthOut,
+        responses={503: {"model": HealthOut, "description": "the database does not answer"}},
+    )
     def readyz(request: Request) -> JSONResponse:
         try:
             with request.app.state.session_factory() as session:
-                session.execute(text("SELECT 1"))
+                database_answers(session)
         except Exception as exc:
             log.warning("readyz: database unreachable: %s", type(exc).__name__)
             return JSONResponse({"status": "database unreachable"}, status_code=503)

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fastapi import Request
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.api.schemas import Role
-from controlplane.db.models import ApiToken
 from controlplane.errors import Forbidden, Unauthenticated
+from controlplane.services import tokens
 from controlplane.services.inventory import hash_token
+from controlplane.specs import Role
 
 RANK = {Role.viewer: 0, Role.operator: 1, Role.admin: 2}
 
@@ -58,18 +57,12 @@ class TokenVerifier:
 
     def _load(self, digest: str) -> Principal:
         with self._factory() as session, session.begin():
-            row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
             now = datetime.now(UTC)
-            if row is None or row.disabled:
-                raise Unauthenticated("token is not valid; check it or ask an admin for a new one")
-            if row.expires_at is not None and row.expires_at <= now:
-                raise Unauthenticated(f"token '{row.name}' expired at {row.expires_at.isoformat()}")
-            if time.monotonic() - self._touched.get(row.id, -1e9) > 60:
-                session.execute(
-                    update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now)
-                )
-                self._touched[row.id] = time.monotonic()
-            return Principal(row.id, row.name, Role(row.role))
+            token = tokens.valid_token(session, digest, now)
+            if time.monotonic() - self._touched.get(token.id, -1e9) > 60:
+                tokens.mark_used(session, token.id, now)
+                self._touched[token.id] = time.monotonic()
+            return Principal(token.id, token.name, token.role)
 
     def forget(self) -> None:
         self._cache.clear()

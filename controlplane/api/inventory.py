@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import actor_of, if_match, list_filters, read_scope, session_scope
+from controlplane.api.schemas import OBJECTS, PAGES
 from controlplane.services import inventory as svc
 from controlplane.services.resources import KINDS, ResourceKind
 
@@ -33,6 +34,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     readers = require(kind.read_role)
     writers = require(kind.write_role)
     spec_type: Any = kind.spec
+    one, page = OBJECTS[kind.path], PAGES[kind.path]
     filter_params = [
         {"name": f, "in": "query", "required": False, "schema": {"type": "string"}}
         for f in sorted(kind.filters)
@@ -41,6 +43,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
     @router.get(
         "",
         summary=f"List {kind.path}",
+        response_model=page,
         openapi_extra={"parameters": filter_params} if filter_params else None,
     )
     def list_objects(
@@ -48,12 +51,13 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         _: Principal = Depends(readers),
         limit: int = Query(100, ge=1, le=500),
         cursor: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
             rows, next_cursor = svc.list_rows(session, kind, list_filters(request), limit, cursor)
-            return {"items": [svc.to_json(kind, r) for r in rows], "next_cursor": next_cursor}
+            items = [svc.to_json(kind, r) for r in rows]
+        return JSONResponse({"items": items, "next_cursor": next_cursor})
 
-    @router.post("", status_code=201, summary=f"Create a {kind.kind}")
+    @router.post("", status_code=201, summary=f"Create a {kind.kind}", response_model=one)
     def create_object(
         request: Request,
         spec: spec_type = Body(),  # pyright: ignore[reportInvalidTypeForm]
@@ -64,7 +68,7 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         _changed(request, kind)
         return response
 
-    @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name")
+    @router.get("/{ref}", summary=f"Get a {kind.kind} by id or name", response_model=one)
     async def get_object(
         request: Request, ref: str, _: Principal = Depends(readers)
     ) -> JSONResponse:
@@ -73,7 +77,12 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         with read_scope(request) as session:
             return _one(kind, svc.WriteResult(svc.get(session, kind, ref)))
 
-    @router.put("/{ref}", summary=f"Create or replace a {kind.kind} (idempotent)")
+    @router.put(
+        "/{ref}",
+        summary=f"Create or replace a {kind.kind} (idempotent)",
+        response_model=one,
+        responses={201: {"model": one, "description": f"The {kind.kind} was created"}},
+    )
     def put_object(
         request: Request,
         ref: str,
@@ -87,7 +96,11 @@ def resource_router(kind: ResourceKind) -> APIRouter:
             _changed(request, kind)
         return response
 
-    @router.patch("/{ref}", summary=f"Change some fields of a {kind.kind} (JSON merge patch)")
+    @router.patch(
+        "/{ref}",
+        summary=f"Change some fields of a {kind.kind} (JSON merge patch)",
+        response_model=one,
+    )
     def patch_object(
         request: Request,
         ref: str,

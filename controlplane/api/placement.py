@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope, session_scope
-from controlplane.api.schemas import Role
+from controlplane.api.schemas import CurrentPlacement, PreviewOut, Replanned
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
+from controlplane.services import what_if
+from controlplane.specs import Role
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
 
@@ -72,8 +75,11 @@ def _engine_change(
             "name": change.name,
             "set": {k: v for k, v in patch.items() if v is not None},
         }
-    patch = {"wanted_replicas": change.replicas, "min_replicas": change.min_replicas,
-             "priority": change.priority}  # fmt: skip
+    patch = {
+        "wanted_replicas": change.replicas,
+        "min_replicas": change.min_replicas,
+        "priority": change.priority,
+    }
     return {
         "kind": "deployment",
         "name": change.name,
@@ -84,31 +90,43 @@ def _engine_change(
 def placement_router() -> APIRouter:
     router = APIRouter(prefix="/placement", tags=["placement"])
 
-    @router.get("", summary="The current placement, with reasons and cost per hour")
+    @router.get(
+        "",
+        summary="The current placement, with reasons and cost per hour",
+        response_model=CurrentPlacement,
+    )
     def get_placement(
         request: Request, _: Principal = Depends(require(Role.viewer))
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
-            return svc.current(session)
+            return JSONResponse(svc.current(session))
 
-    @router.post("/preview", summary="What if: re-plan with pretend changes, save nothing")
+    @router.post(
+        "/preview",
+        summary="What if: re-plan with pretend changes, save nothing",
+        response_model=PreviewOut,
+    )
     def preview(
         request: Request, body: Preview, _: Principal = Depends(require(Role.viewer))
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with read_scope(request) as session:
             world = svc.load_world(session)
             changes = [_engine_change(i, c, world) for i, c in enumerate(body.changes)]
-            return svc.preview(world, changes)
+            return JSONResponse(what_if.preview(world, changes))
 
-    @router.post("/replan", summary="Re-plan now (normally Celery does it on changes and a timer)")
+    @router.post(
+        "/replan",
+        summary="Re-plan now (normally Celery does it on changes and a timer)",
+        response_model=Replanned,
+    )
     def replan_now(
         request: Request, _: Principal = Depends(require(Role.operator))
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         with session_scope(request) as session:
             done = svc.replan(session, reason="api")
         if done is None:
             raise Conflict("another re-plan is running; retry in a moment")
         request.app.state.dispatch_procurement(done.actions)
-        return done.summary
+        return JSONResponse(done.summary)
 
     return router

@@ -1,294 +1,241 @@
-"""The specs users write (API bodies, CLI YAML, Terraform): references are by name.
+"""HTTP-only shapes: what each route returns, so that `/api/v1/openapi.json` describes it.
 
-A spec is what the user owns; `generation` changes only when it changes. Status is ours.
+Request bodies are the specs (`controlplane.specs`). Services build the response JSON; these
+models only describe it (routes return it as built, so no byte changes), and
+tests/integration/api/test_openapi.py checks real responses against them.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: `create_model` and FastAPI read the types at runtime.
 
 from datetime import datetime
-from decimal import Decimal
-from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import (
-    AnyHttpUrl,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from controlplane.jurisdictions import is_jurisdiction
+from controlplane.contracts import NatsCredentials
+from controlplane.services.resources import KINDS, ResourceKind
+from controlplane.status import ClusterStatus, DeploymentStatus, PlacementStatus, PoolStatus
 
-Name = Annotated[
-    str,
-    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63),
-    Field(description="Lowercase letters, digits and '-', at most 63 characters."),
-]
-GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
-CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-secret|none):\S+$"
+T = TypeVar("T")
 
 
-class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-def _check_jurisdictions(codes: list[str]) -> list[str]:
-    for code in codes:
-        if not is_jurisdiction(code):
-            raise ValueError(
-                f"'{code}' is not an ISO 3166-1 alpha-2 country code; use e.g. US, DE, JP"
-            )
-    return codes
+class Page(Out, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="pass it as `cursor` for the next page")
 
 
-class ProviderKind(StrEnum):
-    aws = "aws"
-    gcp = "gcp"
-    azure = "azure"
-    coreweave = "coreweave"
-    nebius = "nebius"
-    lambda_ = "lambda"
-    local = "local"
-    other = "other"
+class HealthOut(Out):
+    status: str
 
 
-class ProviderClass(StrEnum):
-    hyperscaler = "hyperscaler"
-    neocloud = "neocloud"
-    reseller = "reseller"
+# --- managed objects -----------------------------------------------------------------------
 
 
-class ProviderSpec(Spec):
-    name: Name
-    provider_kind: ProviderKind = Field(
-        description="Which cloud (aws, gcp, lambda, local…). Not `kind`: that names the object "
-        "type in manifests and responses (kind: Provider)."
-    )
-    provider_class: ProviderClass
-    certifications: list[Certification] = Field(default_factory=list)
-    credentials_ref: Annotated[str, StringConstraints(pattern=CREDENTIALS_REF)] | None = Field(
-        default=None,
-        description="Where the credentials live, never the secret: env:NAME, file:/path, "
-        "vault:path, aws-secretsmanager:arn, gcp-secretmanager:name, k8s-secret:ns/name.",
-    )
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("certifications")
-    @classmethod
-    def _sorted_unique(cls, v: list[str]) -> list[str]:
-        return sorted(set(v))
+class NoStatus(Out):
+    pass
 
 
-class RegionSpec(Spec):
-    name: Name
-    provider: Name
-    code: Annotated[str, StringConstraints(min_length=1, max_length=63)]
-    jurisdiction: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")] = Field(
-        description="ISO 3166-1 alpha-2 country code where the region's data lives."
-    )
-    latitude: float = Field(ge=-90, le=90)
-    longitude: float = Field(ge=-180, le=180)
-
-    @field_validator("jurisdiction")
-    @classmethod
-    def _iso(cls, v: str) -> str:
-        _check_jurisdictions([v])
-        return v
+class ClusterStatusOut(ClusterStatus):
+    state: str = Field(description="pending, healthy, stale, down or cordoned")
+    agent_version: str | None = None
+    last_heartbeat_at: datetime | None = None
+    desired_generation: int
+    observed_generation: int
 
 
-class GpuTypeSpec(Spec):
-    name: GpuTypeName
-    memory_gib: int = Field(gt=0, le=4096)
+class DeploymentStatusOut(DeploymentStatus):
+    revision: int
+    demand_replicas: int = Field(description="replicas the planes' autoscalers want, summed")
 
 
-class PurchaseType(StrEnum):
-    reserved = "reserved"
-    on_demand = "on_demand"
-    spot = "spot"
+class TokenStatusOut(Out):
+    prefix: str = Field(description="the token's first characters, to recognise it")
+    last_used_at: datetime | None = None
 
 
-_ONLY_FOR: dict[str, PurchaseType] = {
-    "term_start": PurchaseType.reserved,
-    "term_end": PurchaseType.reserved,
-    "committed_gpus": PurchaseType.reserved,
-    "capacity_reservation_id": PurchaseType.reserved,
-    "quota_gpus": PurchaseType.on_demand,
-    "interruptions_per_hour": PurchaseType.spot,
-    "notice_seconds": PurchaseType.spot,
+STATUS_OUT: dict[str, type[BaseModel]] = {
+    "pools": PoolStatus,
+    "clusters": ClusterStatusOut,
+    "deployments": DeploymentStatusOut,
+    "tokens": TokenStatusOut,
+}
+SECRETS_OUT: dict[str, dict[str, Any]] = {
+    "tokens": {
+        "token": (
+            str | None,
+            Field(default=None, description="the secret, only in the response that created it"),
+        )
+    },
+    "clusters": {
+        "nats_credentials": (
+            NatsCredentials | None,
+            Field(default=None, description="the agent's login, only when the cluster is created"),
+        )
+    },
 }
 
 
-class PoolSpec(Spec):
-    name: Name
-    provider: Name
-    region: Name
-    gpu_type: GpuTypeName
-    purchase_type: PurchaseType
-    gpus: int = Field(ge=0, description="GPUs in the pool now (held or immediately usable).")
-    gpus_per_instance: int = Field(default=8, ge=1, le=64)
-    instance_type: str | None = None
-    price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
-    term_start: datetime | None = None
-    term_end: datetime | None = None
-    committed_gpus: int | None = Field(default=None, ge=0)
-    capacity_reservation_id: str | None = None
-    quota_gpus: int | None = Field(default=None, ge=0)
-    interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
-    notice_seconds: int | None = Field(default=None, ge=0)
-
-    @field_validator("price_per_gpu_hour", "interruptions_per_hour")
-    @classmethod
-    def _exact(cls, v: Decimal | None) -> Decimal | None:
-        # stored as NUMERIC(…, 6): normalise so that "2.1" and "2.100000" are the same spec
-        return None if v is None else v.quantize(Decimal("0.000001"))
-
-    @field_validator(*_ONLY_FOR)
-    @classmethod
-    def _only_for_its_purchase_type(cls, v: object, info: ValidationInfo) -> object:
-        only = _ONLY_FOR[str(info.field_name)]
-        if v is not None and info.data.get("purchase_type") not in (None, only):
-            raise ValueError(
-                f"applies to {only.value} pools only; remove it or set purchase_type: {only.value}"
-            )
-        return v
-
-    @field_validator("term_end")
-    @classmethod
-    def _after_start(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
-        start = info.data.get("term_start")
-        if v is not None and start is not None and v <= start:
-            raise ValueError(f"must be after term_start ({start.isoformat()}); fix one of them")
-        return v
-
-    @model_validator(mode="after")
-    def _reserved_terms(self) -> Self:
-        if self.purchase_type == PurchaseType.reserved:
-            missing = [
-                f for f in ("term_start", "term_end", "committed_gpus") if getattr(self, f) is None
-            ]
-            if missing:
-                raise ValueError(
-                    f"a reserved pool needs {', '.join(missing)} (the contract's term and the "
-                    "GPUs paid for); add them"
-                )
-        return self
+def object_model(kind: ResourceKind) -> type[BaseModel]:
+    """A managed object as the API returns it: its spec plus what the server keeps."""
+    fields: dict[str, Any] = {
+        "kind": (Literal[kind.kind], ...),  # type: ignore[valid-type]
+        "id": (str, ...),
+        "generation": (int, Field(description="bumped only when the spec really changes")),
+        "created_at": (datetime, ...),
+        "updated_at": (datetime, ...),
+        "status": (STATUS_OUT.get(kind.path, NoStatus), ...),
+        **SECRETS_OUT.get(kind.path, {}),
+    }
+    return create_model(kind.kind, __base__=kind.spec, **fields)
 
 
-class ClusterSpec(Spec):
-    name: Name
-    region: Name
-    endpoint: AnyHttpUrl | None = None
-    pools: list[Name] = Field(default_factory=list, description="Pools this cluster may draw on.")
-    cordoned: bool = Field(default=False, description="True: receives no new replicas.")
-
-    @field_validator("pools")
-    @classmethod
-    def _sorted_unique(cls, v: list[str]) -> list[str]:
-        return sorted(set(v))
+OBJECTS: dict[str, type[BaseModel]] = {path: object_model(kind) for path, kind in KINDS.items()}
+PAGES: dict[str, type[BaseModel]] = {
+    path: Page[model]  # type: ignore[valid-type]
+    for path, model in OBJECTS.items()
+}
 
 
-class ScheduleEntry(Spec):
-    days: list[Annotated[int, Field(ge=0, le=6)]] = Field(
-        default_factory=lambda: [0, 1, 2, 3, 4], description="0 = Monday."
+# --- read-only records ---------------------------------------------------------------------
+
+
+class PlacementRecord(Out):
+    id: str
+    deployment_id: str
+    cluster_id: str
+    pool_id: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    cost_per_hour: str = Field(description="exact decimal, 6 places")
+    plan_generation: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ReplicaRecord(Out):
+    id: str
+    name: str
+    deployment_id: str
+    cluster_id: str
+    instance_id: str | None
+    revision: int
+    state: str
+    endpoint: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class InstanceRecord(Out):
+    id: str
+    pool_id: str
+    cluster_id: str | None
+    provider_instance_id: str | None
+    idempotency_key: str
+    gpus: int
+    state: str
+    health: str
+    drain_deadline: datetime | None
+    idle_since: datetime | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class EventRecord(Out):
+    id: str
+    time: datetime
+    type: str
+    object_kind: str
+    object_id: str | None
+    object_name: str | None
+    message: str
+    data: dict[str, Any]
+
+
+class AuditRecord(Out):
+    id: str
+    time: datetime
+    actor: str
+    action: str
+    resource_kind: str
+    resource_id: str | None
+    resource_name: str | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    request_id: str | None
+
+
+class RevisionRecord(Out):
+    id: str
+    deployment_id: str
+    revision: int
+    spec: dict[str, Any]
+    created_at: datetime
+
+
+RECORDS_OUT: dict[str, type[BaseModel]] = {
+    "placements": PlacementRecord,
+    "replicas": ReplicaRecord,
+    "instances": InstanceRecord,
+    "events": EventRecord,
+    "audit": AuditRecord,
+}
+RECORD_PAGES: dict[str, type[BaseModel]] = {
+    path: Page[model]  # type: ignore[valid-type]
+    for path, model in RECORDS_OUT.items()
+}
+RevisionPage = Page[RevisionRecord]
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+class AssignmentOut(Out):
+    deployment: str
+    cluster: str
+    pool: str
+    replicas: int
+
+
+class ChangeOut(Out):
+    kind: Literal["add", "remove", "move"]
+    deployment: str
+    replicas: int
+    from_cluster: str | None = None
+    from_pool: str | None = None
+    to_cluster: str | None = None
+    to_pool: str | None = None
+
+
+class ProcurementOut(Out):
+    pool: str
+    gpus: int
+    instances: int
+
+
+class CurrentPlacement(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus] = Field(
+        description="per deployment: wanted and placed replicas, cost, assignments, why not more"
     )
-    start: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
-    end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
-    timezone: str = "UTC"
-    min_replicas: int = Field(ge=0)
+    assignments: list[AssignmentOut]
 
 
-class AutoscalingPolicy(Spec):
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1, ge=0, le=10_000)
-    window_s: float = Field(default=60, gt=0, le=3600)
-    scale_down_delay_s: float = Field(default=300, ge=0, le=86_400)
-    concurrency_target: int = Field(default=16, ge=1, le=10_000)
-    scale_to_zero_idle_s: float = Field(default=900, ge=0)
-    schedule: list[ScheduleEntry] = Field(default_factory=list)
-
-    @field_validator("max_replicas")
-    @classmethod
-    def _not_below_min(cls, v: int, info: ValidationInfo) -> int:
-        low = info.data.get("min_replicas")
-        if low is not None and v < low:
-            raise ValueError(
-                f"max_replicas ({v}) is below min_replicas ({low}); raise max_replicas or lower "
-                "min_replicas"
-            )
-        return v
+class Replanned(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus]
+    changes: list[ChangeOut]
+    procurement: list[ProcurementOut] = Field(description="instances to buy for this plan")
 
 
-class PlacementPolicy(Spec):
-    allowed_jurisdictions: list[str] = Field(
-        default_factory=list, description="ISO 3166 codes; empty: anywhere."
-    )
-    allowed_regions: list[Name] = Field(default_factory=list, description="Empty: any region.")
-    required_certifications: list[Certification] = Field(default_factory=list)
-    spot_allowed: bool = False
-    max_spot_fraction: float = Field(default=0.5, ge=0, le=1)
-    min_providers: int = Field(default=1, ge=1, le=16)
-    min_regions: int = Field(default=1, ge=1, le=64)
-
-    @field_validator("allowed_jurisdictions")
-    @classmethod
-    def _iso(cls, v: list[str]) -> list[str]:
-        return sorted(set(_check_jurisdictions(v)))
-
-    @field_validator("allowed_regions", "required_certifications")
-    @classmethod
-    def _sorted_unique(cls, v: list[str]) -> list[str]:
-        return sorted(set(v))
-
-
-class DeploymentSpec(Spec):
-    name: Name
-    model_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
-    model_revision: str = "main"
-    engine_image: str = "vllm/vllm-openai:v0.32.0"
-    engine_args: list[str] = Field(default_factory=list)
-    gpus_per_replica: int = Field(ge=1, le=64)
-    gpu_types: list[GpuTypeName] = Field(min_length=1, description="Acceptable GPU types.")
-    autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
-    placement: PlacementPolicy = Field(default_factory=PlacementPolicy)
-    priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
-    traffic: dict[str, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict, description="Where requests come from: region name → weight."
-    )
-
-    @field_validator("gpu_types")
-    @classmethod
-    def _sorted_unique(cls, v: list[str]) -> list[str]:
-        return sorted(set(v))
-
-
-REVISION_FIELDS = (
-    "model_id",
-    "model_revision",
-    "engine_image",
-    "engine_args",
-    "gpus_per_replica",
-    "gpu_types",
-)
-
-
-class Role(StrEnum):
-    viewer = "viewer"
-    operator = "operator"
-    admin = "admin"
-
-
-class TokenSpec(Spec):
-    name: Name
-    role: Role
-    description: str | None = Field(default=None, max_length=255)
-    expires_at: datetime | None = None
-
-
-class Page(BaseModel):
-    items: list[dict[str, Any]]
-    next_cursor: str | None = None
+class PreviewOut(Out):
+    total_cost_per_hour: str
+    deployments: dict[str, PlacementStatus]
+    moves: list[ChangeOut]
+    procurement: list[ProcurementOut]
+    cost_delta_per_hour: str = Field(description="after minus before, per hour")

@@ -15,18 +15,15 @@ from controlplane.bus.credentials import (
     write_server_config,
 )
 from controlplane.bus.desired import PublishResult, current_desired, publish_desired
-from controlplane.bus.liveness import Liveness, cluster_liveness, liveness_changes
 from controlplane.bus.streams import ensure_bus, ensure_desired_bucket, ensure_reports_stream
 
 __all__ = [
     "DURABLE_NAME",
     "InMemorySink",
-    "Liveness",
     "NatsCredentials",
     "ObservedStateSink",
     "PublishResult",
     "ReportConsumer",
-    "cluster_liveness",
     "cluster_permissions",
     "current_desired",
     "ensure_bus",
@@ -34,7 +31,6 @@ __all__ = [
     "ensure_reports_stream",
     "generate_cluster_credentials",
     "generate_controlplane_credentials",
-    "liveness_changes",
     "publish_desired",
     "render_server_config",
     "write_server_config",

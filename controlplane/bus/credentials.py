@@ -1,4 +1,7 @@
-"""Per-cluster NATS credentials and the nats-server authorization config.
+"""The nats-server authorization config: who may read and publish what.
+
+Credentials are generated and hashed in `controlplane.credentials` (no nats-py there, so the
+API can mint a cluster's credentials); this module renders them into the server config.
 
 A cluster may read only its own desired-state key and publish only its own
 ``gpufleet.v1.cluster.<name>.…`` subjects; the control plane user may do anything.
@@ -10,11 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
-
-import bcrypt
 
 from controlplane.contracts import (
     DESIRED_BUCKET,
@@ -22,35 +22,31 @@ from controlplane.contracts import (
     NatsCredentials,
     cluster_inbox_prefix,
     cluster_subject_prefix,
-    cluster_user,
     desired_subject,
 )
+from controlplane.credentials import (
+    CONTROLPLANE_USER,
+    generate_cluster_credentials,
+    generate_controlplane_credentials,
+    hash_password,
+)
 
-CONTROLPLANE_USER = "controlplane"
+__all__ = [
+    "CONTROLPLANE_USER",
+    "NatsPermissions",
+    "cluster_permissions",
+    "generate_cluster_credentials",
+    "generate_controlplane_credentials",
+    "hash_password",
+    "render_server_config",
+    "write_server_config",
+]
 
 
 @dataclass(frozen=True)
 class NatsPermissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-
-
-def generate_password() -> str:
-    """256 bits from the OS CSPRNG, URL-safe (no quoting issues in the config file)."""
-    return secrets.token_urlsafe(32)
-
-
-def generate_cluster_credentials(cluster: str) -> NatsCredentials:
-    """New credentials for a cluster; show them once, keep them in the server config only."""
-    return NatsCredentials(
-        user=cluster_user(cluster),
-        password=generate_password(),
-        inbox_prefix=cluster_inbox_prefix(cluster),
-    )
-
-
-def generate_controlplane_credentials() -> NatsCredentials:
-    return NatsCredentials(user=CONTROLPLANE_USER, password=generate_password())
 
 
 def cluster_permissions(cluster: str) -> NatsPermissions:
@@ -72,16 +68,6 @@ def cluster_permissions(cluster: str) -> NatsPermissions:
         ),
         subscribe=(f"{cluster_inbox_prefix(cluster)}.>",),
     )
-
-
-BCRYPT_ROUNDS = 10
-"""nats-server checks the hash on every (re)connect: ~50 ms at cost 10."""
-
-
-def hash_password(password: str, rounds: int = BCRYPT_ROUNDS) -> str:
-    """bcrypt hash in the ``$2a$`` form nats-server recognises."""
-    salt = bcrypt.gensalt(rounds=rounds, prefix=b"2a")
-    return bcrypt.hashpw(password.encode(), salt).decode()
 
 
 def _quote(value: str) -> str:

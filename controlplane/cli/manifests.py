@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from controlplane.api.schemas import (
+from controlplane.services.validation import field_path, friendly
+from controlplane.specs import (
     ClusterSpec,
     DeploymentSpec,
     GpuTypeSpec,
@@ -24,7 +25,6 @@ from controlplane.api.schemas import (
     Spec,
     TokenSpec,
 )
-from controlplane.services.validation import field_path, friendly
 
 
 class CliError(Exception):

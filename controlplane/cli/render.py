@@ -24,8 +24,6 @@ from controlplane.cli.manifests import (
     is_unset,
 )
 
-OUTPUTS = ("table", "wide", "json", "yaml", "name")
-
 
 @dataclass(frozen=True)
 class View:
@@ -186,10 +184,6 @@ REFERENCES: dict[str, tuple[str, ...]] = {
 
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
-
-
-def error_console() -> Console:
-    return Console(stderr=True, highlight=False)
 
 
 def cell(value: Any) -> str:

@@ -156,8 +156,10 @@ def _confirm(yes: bool, stdin_used: bool) -> None:
     if stdin_used:
         raise CliError("the manifest came from stdin, so there is no one to ask; pass --yes")
     if not sys.stdin.isatty():
-        raise CliError("refusing to apply without confirmation: stdin is not a terminal; "
-                       "pass --yes to apply anyway")  # fmt: skip
+        raise CliError(
+            "refusing to apply without confirmation: stdin is not a terminal; "
+            "pass --yes to apply anyway"
+        )
     if not typer.confirm("Apply these changes?", default=False):
         raise CliError("not applied")
 
@@ -285,8 +287,9 @@ def delete(
                 _delete_one(client, m.kind, m.name, force, missing_ok=True)
             return
         if not kind or not name:
-            raise CliError("give KIND NAME (e.g. `gpufleet delete pool gpu-a`) or -f FILE",
-                           exit_code=2)  # fmt: skip
+            raise CliError(
+                "give KIND NAME (e.g. `gpufleet delete pool gpu-a`) or -f FILE", exit_code=2
+            )
         k = resolve_kind(kind)
         if not k.writable:
             raise CliError(f"{k.path} are read-only: the control plane writes them", 2)

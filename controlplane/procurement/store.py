@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from controlplane.db.columns import autoscaling_from
 from controlplane.db.models import (
     Deployment,
     Event,
@@ -156,7 +157,7 @@ def cluster_for(session: Session, pool: Pool) -> str | None:
 def _scale_down_delay(session: Session, pool_id: str, policy: Policy) -> float:
     """The longest scale-down delay of the deployments placed on the pool."""
     delays = [
-        float((auto or {}).get("scale_down_delay_s", policy.default_scale_down_delay_s))
+        autoscaling_from(auto).scale_down_delay_seconds
         for auto in session.scalars(
             select(Deployment.autoscaling)
             .join(Placement, Placement.deployment_id == Deployment.id)

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.bus.liveness import liveness_changes
 from controlplane.db.models import Cluster, Event
+from controlplane.liveness import liveness_changes
 
 TRACKED = ("healthy", "stale", "down")
 

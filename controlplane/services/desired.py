@@ -23,7 +23,9 @@ from controlplane.contracts import (
     RevisionSpec,
     ScheduleWindow,
 )
+from controlplane.db.columns import deployment_autoscaling
 from controlplane.db.models import Cluster, Deployment, Instance, Placement, Pool, Replica
+from controlplane.specs import AutoscalingSpec
 
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
 """Order of a deployment's pools in `pool_quotas`: a plane that scales up inside its quota
@@ -150,8 +152,11 @@ def release_holds(session: Session, deployment_ids: Iterable[str]) -> None:
 
 
 def _preference(pool: Pool) -> tuple[int, float, str]:
-    return (PURCHASE_PREFERENCE.get(pool.purchase_type, 3), float(pool.price_per_gpu_hour),
-            pool.name)  # fmt: skip
+    return (
+        PURCHASE_PREFERENCE.get(pool.purchase_type, 3),
+        float(pool.price_per_gpu_hour),
+        pool.name,
+    )
 
 
 def _instances(session: Session, cluster: Cluster) -> list[InstanceDesired]:
@@ -196,8 +201,8 @@ def _deployment_desired(
     deployment: Deployment, entries: list[tuple[Placement, str]], global_replicas: int
 ) -> DeploymentDesired:
     here = sum(p.replicas for p, _ in entries)
-    policy = deployment.autoscaling or {}
-    idle = policy.get("scale_to_zero_idle_s")
+    share = here / global_replicas if global_replicas else 1.0
+    auto = deployment_autoscaling(deployment)
     return DeploymentDesired(
         name=deployment.name,
         spec=RevisionSpec(
@@ -217,23 +222,29 @@ def _deployment_desired(
             PoolQuota(pool=pool, min=p.min_replicas, max=max(p.replicas, p.max_replicas))
             for p, pool in entries
         ],
-        routing_weight=here / global_replicas if global_replicas else 1.0,
+        routing_weight=share,
         priority=deployment.priority,
         autoscaling=AutoscalingPolicy(
-            window_seconds=policy.get("window_s", 60.0),
-            scale_down_delay_seconds=policy.get("scale_down_delay_s", 300.0),
-            target_concurrency=policy.get("concurrency_target", 16),
-            scale_to_zero_idle_seconds=idle if policy.get("min_replicas", 1) == 0 else None,
-            schedule=_schedule(policy, here / global_replicas if global_replicas else 1.0),
+            window_seconds=auto.window_seconds,
+            scale_down_delay_seconds=auto.scale_down_delay_seconds,
+            target_concurrency=auto.target_concurrency,
+            scale_to_zero_idle_seconds=(
+                auto.scale_to_zero_idle_seconds if auto.min_replicas == 0 else None
+            ),
+            schedule=_schedule(auto, share),
         ),
     )
 
 
-def _schedule(policy: dict, share: float) -> list[ScheduleWindow]:
+def _schedule(auto: AutoscalingSpec, share: float) -> list[ScheduleWindow]:
     """The deployment's schedule, each window's min split by this cluster's share of it."""
     return [
-        ScheduleWindow.model_validate(
-            {**w, "min_replicas": math.ceil(w.get("min_replicas", 0) * share - 1e-9)}
+        ScheduleWindow(
+            days=list(w.days),
+            start=w.start,
+            end=w.end,
+            timezone=w.timezone,
+            min_replicas=math.ceil(w.min_replicas * share - 1e-9),
         )
-        for w in policy.get("schedule") or []
+        for w in auto.schedule
     ]

@@ -19,13 +19,13 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import REVISION_FIELDS, Spec
-from controlplane.bus.credentials import generate_cluster_credentials, hash_password
+from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
 from controlplane.services import audit
 from controlplane.services.resources import ResourceKind
 from controlplane.services.validation import invalid_spec_from
+from controlplane.specs import REVISION_FIELDS, Spec
 
 TOKEN_PREFIX = "gpf_"
 
@@ -131,8 +131,17 @@ def create(session: Session, kind: ResourceKind, spec: Spec, actor: Actor) -> Wr
     session.add(row)
     session.flush()
     after = spec_json(kind, row)
-    audit.record(session, actor=actor.name, action="create", kind=kind.kind, resource_id=row.id,
-                 name=row.name, before=None, after=after, request_id=actor.request_id)  # fmt: skip
+    audit.record(
+        session,
+        actor=actor.name,
+        action="create",
+        kind=kind.kind,
+        resource_id=row.id,
+        name=row.name,
+        before=None,
+        after=after,
+        request_id=actor.request_id,
+    )
     return WriteResult(row, created=True, changed=True, secrets=secrets)
 
 
@@ -181,8 +190,17 @@ def delete(
     _check_generation(kind, row, expected_generation)
     kind.check_delete(session, row, force)
     before = spec_json(kind, row)
-    audit.record(session, actor=actor.name, action="delete", kind=kind.kind, resource_id=row.id,
-                 name=row.name, before=before, after=None, request_id=actor.request_id)  # fmt: skip
+    audit.record(
+        session,
+        actor=actor.name,
+        action="delete",
+        kind=kind.kind,
+        resource_id=row.id,
+        name=row.name,
+        before=before,
+        after=None,
+        request_id=actor.request_id,
+    )
     session.delete(row)
     session.flush()
 
@@ -219,8 +237,17 @@ def _update(
     row.generation += 1
     _on_change(session, row, before, after)
     session.flush()
-    audit.record(session, actor=actor.name, action="update", kind=kind.kind, resource_id=row.id,
-                 name=row.name, before=before, after=after, request_id=actor.request_id)  # fmt: skip
+    audit.record(
+        session,
+        actor=actor.name,
+        action="update",
+        kind=kind.kind,
+        resource_id=row.id,
+        name=row.name,
+        before=before,
+        after=after,
+        request_id=actor.request_id,
+    )
     return WriteResult(row, changed=True)
 
 

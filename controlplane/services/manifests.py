@@ -20,8 +20,11 @@ APPLY_ORDER = ("provider", "gputype", "region", "pool", "cluster", "deployment",
 def kind_key(manifest: Mapping[str, Any]) -> str:
     raw = str(manifest.get("kind", "")).replace("-", "").replace("_", "").lower()
     if raw not in KIND_BY_NAME:
-        raise InvalidSpec.on("kind", f"unknown kind '{manifest.get('kind')}'; one of "
-                             + ", ".join(k.kind for k in KIND_BY_NAME.values()))  # fmt: skip
+        raise InvalidSpec.on(
+            "kind",
+            f"unknown kind '{manifest.get('kind')}'; one of "
+            + ", ".join(k.kind for k in KIND_BY_NAME.values()),
+        )
     return raw
 
 

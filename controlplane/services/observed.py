@@ -25,6 +25,7 @@ from controlplane.contracts import (
     ReplicaStarted,
     SpotInterruptionNoticed,
 )
+from controlplane.db.columns import cluster_status, set_status
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
@@ -108,9 +109,16 @@ def _revive(session: Session, cluster: Cluster) -> str | None:
     if cluster.state in ("healthy", "cordoned"):
         return None
     old, cluster.state = cluster.state, "healthy"
-    session.add(Event(type="ClusterHealthy", object_kind="Cluster", object_id=cluster.id,
-                      object_name=cluster.name, message=f"cluster {cluster.name} is healthy "
-                      f"(was {old}); heartbeats arrive", data={"from": old, "to": "healthy"}))  # fmt: skip
+    session.add(
+        Event(
+            type="ClusterHealthy",
+            object_kind="Cluster",
+            object_id=cluster.id,
+            object_name=cluster.name,
+            message=f"cluster {cluster.name} is healthy (was {old}); heartbeats arrive",
+            data={"from": old, "to": "healthy"},
+        )
+    )
     return "cluster_healthy"
 
 
@@ -171,15 +179,14 @@ def _upsert_replica(
 def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:
     """Keep each cluster's demand and each deployment's sum; True when a sum changed."""
     demand = {d.name: d.demand for d in state.deployments}
-    if (cluster.status or {}).get("demand") == demand:
+    if not set_status(cluster, demand=demand):
         return False
-    cluster.status = {**(cluster.status or {}), "demand": demand}
     session.flush()
     changed = False
     totals: dict[str, int] = {}
     for other in session.scalars(select(Cluster)):
-        for dep, wanted in ((other.status or {}).get("demand") or {}).items():
-            totals[dep] = totals.get(dep, 0) + int(wanted)
+        for dep, wanted in cluster_status(other).demand.items():
+            totals[dep] = totals.get(dep, 0) + wanted
     for deployment in session.scalars(select(Deployment).where(Deployment.name.in_(list(totals)))):
         if deployment.demand_replicas != totals[deployment.name]:
             deployment.demand_replicas = totals[deployment.name]
@@ -215,5 +222,8 @@ def _summary(fact: Fact) -> str:
         return (
             f"{fact.deployment} {fact.from_replicas} → {fact.to_replicas} replicas: {fact.reason}"
         )
-    return ", ".join(f"{k}={v}" for k, v in fact.model_dump(mode="json").items()
-                     if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v)  # fmt: skip
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in fact.model_dump(mode="json").items()
+        if k in ("instance_id", "deployment", "pool", "reason", "deadline") and v
+    )

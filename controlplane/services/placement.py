@@ -2,15 +2,14 @@
 
 `load_world` maps rows to the pure engine's dataclasses; `apply_result` writes placements,
 per-deployment status (reasons, cost) and an event in the caller's transaction, and bumps
-the desired generation of every cluster whose share changed. What-if previews run the same
-path on a modified input and write nothing.
+the desired generation of every cluster whose share changed. What-if previews
+(`services.what_if`) run the same engine on a modified input and write nothing.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -21,13 +20,26 @@ from sqlalchemy.orm import Session
 
 from controlplane import placement as engine
 from controlplane.db import models as m
+from controlplane.db.columns import (
+    cluster_status,
+    deployment_autoscaling,
+    deployment_placement,
+    deployment_status,
+    pool_status,
+    set_status,
+)
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services.desired import bump_desired
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
-ENGINE_STATE = {"healthy": "healthy", "stale": "healthy", "cordoned": "draining",
-                "down": "offline", "pending": "offline"}  # fmt: skip
+ENGINE_STATE = {
+    "healthy": "healthy",
+    "stale": "healthy",
+    "cordoned": "draining",
+    "down": "offline",
+    "pending": "offline",
+}
 
 
 def utc_offset_hours(longitude: float) -> float:
@@ -51,8 +63,8 @@ class World:
 def wanted_replicas(deployment: m.Deployment) -> int:
     """From the autoscalers' summed demand, within [min, max]; a scale-to-zero deployment
     keeps room for one replica so that its first request can be served after a cold start."""
-    policy = deployment.autoscaling or {}
-    low, high = int(policy.get("min_replicas", 1)), int(policy.get("max_replicas", 1))
+    auto = deployment_autoscaling(deployment)
+    low, high = auto.min_replicas, auto.max_replicas
     floor = max(low, 1 if high >= 1 else 0)
     return max(floor, min(high, deployment.demand_replicas))
 
@@ -69,7 +81,7 @@ def _pool(row: m.Pool, now: datetime, held_gpus: int) -> engine.Pool:
         elif row.purchase_type == "reserved":
             procurable = max(0, (row.committed_gpus or 0) - capacity)
         else:
-            procurable = int((row.status or {}).get("spot_available_gpus", 0))
+            procurable = pool_status(row).spot_available_gpus or 0
     return engine.Pool(
         id=row.name,
         provider=row.provider.name,
@@ -86,21 +98,21 @@ def _pool(row: m.Pool, now: datetime, held_gpus: int) -> engine.Pool:
 
 
 def _deployment(row: m.Deployment) -> engine.Deployment:
-    p = row.placement or {}
+    p = deployment_placement(row)
     return engine.Deployment(
         name=row.name,
         gpus_per_replica=row.gpus_per_replica,
         gpu_types=tuple(row.gpu_types),
         wanted_replicas=wanted_replicas(row),
-        min_replicas=int((row.autoscaling or {}).get("min_replicas", 1)),
+        min_replicas=deployment_autoscaling(row).min_replicas,
         policy=engine.PlacementPolicy(
-            allowed_jurisdictions=frozenset(p.get("allowed_jurisdictions", [])),
-            allowed_regions=frozenset(p.get("allowed_regions", [])),
-            required_certifications=frozenset(p.get("required_certifications", [])),
-            spot_allowed=bool(p.get("spot_allowed", False)),
-            max_spot_fraction=float(p.get("max_spot_fraction", 0.5)),
-            min_distinct_providers=int(p.get("min_providers", 1)),
-            min_distinct_regions=int(p.get("min_regions", 1)),
+            allowed_jurisdictions=frozenset(p.allowed_jurisdictions),
+            allowed_regions=frozenset(p.allowed_regions),
+            required_certifications=frozenset(p.required_certifications),
+            spot_allowed=p.spot_allowed,
+            max_spot_fraction=p.max_spot_fraction,
+            min_distinct_providers=p.min_distinct_providers,
+            min_distinct_regions=p.min_distinct_regions,
         ),
         priority=row.priority,
         traffic=dict(row.traffic or {}),
@@ -108,7 +120,7 @@ def _deployment(row: m.Deployment) -> engine.Deployment:
 
 
 def _cluster(row: m.Cluster) -> engine.Cluster:
-    state = "cordoned" if (row.status or {}).get("cordoned") else row.state
+    state = "cordoned" if cluster_status(row).cordoned else row.state
     return engine.Cluster(
         name=row.name,
         pool_ids=tuple(sorted(p.name for p in row.pools)),
@@ -197,9 +209,15 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
 
 
 def _change(c: engine.Change) -> dict[str, Any]:
-    fields = {"kind": c.kind, "deployment": c.deployment, "replicas": c.replicas,
-              "from_cluster": c.from_cluster, "from_pool": c.from_pool,
-              "to_cluster": c.to_cluster, "to_pool": c.to_pool}  # fmt: skip
+    fields = {
+        "kind": c.kind,
+        "deployment": c.deployment,
+        "replicas": c.replicas,
+        "from_cluster": c.from_cluster,
+        "from_pool": c.from_pool,
+        "to_cluster": c.to_cluster,
+        "to_pool": c.to_pool,
+    }
     return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -231,32 +249,48 @@ def apply_result(
     price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
     for name, rows in by_dep.items():
         dep = world.deployments[name]
-        mins = _min_shares(int((dep.autoscaling or {}).get("min_replicas", 1)), rows)
+        mins = _min_shares(deployment_autoscaling(dep).min_replicas, rows)
         for row, low in zip(rows, mins, strict=True):
-            session.add(m.Placement(
-                deployment_id=dep.id, cluster_id=world.clusters[row.cluster].id,
-                pool_id=world.pools[row.pool].id, replicas=row.replicas, min_replicas=low,
-                max_replicas=row.replicas,
-                cost_per_hour=Decimal(f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"),
-            ))  # fmt: skip
+            session.add(
+                m.Placement(
+                    deployment_id=dep.id,
+                    cluster_id=world.clusters[row.cluster].id,
+                    pool_id=world.pools[row.pool].id,
+                    replicas=row.replicas,
+                    min_replicas=low,
+                    max_replicas=row.replicas,
+                    cost_per_hour=Decimal(
+                        f"{row.replicas * dep.gpus_per_replica * price[row.pool]:.6f}"
+                    ),
+                )
+            )
     info = summary(world, result)
-    explained_before = {
-        n: (d.status or {}).get("placement", {}).get("unplaced")
-        for n, d in world.deployments.items()
-    }
+    explained_before = {n: _unplaced(d) for n, d in world.deployments.items()}
     for name, dep in world.deployments.items():
-        dep.status = {**(dep.status or {}), "placement": info["deployments"].get(name, {})}
-    explained_now = {n: info["deployments"].get(n, {}).get("unplaced") for n in world.deployments}
+        set_status(dep, placement=info["deployments"].get(name, {}))
+    explained_now = {n: _unplaced(d) for n, d in world.deployments.items()}
     bump_desired(session, touched)
     if touched or explained_now != explained_before:  # not every timer tick: only news
-        session.add(m.Event(
-            type="PlacementChanged" if touched else "PlacementUnchanged", object_kind="Placement",
-            message=f"re-planned ({reason}): {len(result.changes)} change(s), "
-                    f"{sum(u.replicas for u in result.unplaced)} replica(s) unplaced, "
-                    f"${result.total_cost_per_hour:.2f}/h",
-            data={"reason": reason, "changes": info["changes"], "procurement": info["procurement"]},
-        ))  # fmt: skip
+        session.add(
+            m.Event(
+                type="PlacementChanged" if touched else "PlacementUnchanged",
+                object_kind="Placement",
+                message=f"re-planned ({reason}): {len(result.changes)} change(s), "
+                f"{sum(u.replicas for u in result.unplaced)} replica(s) unplaced, "
+                f"${result.total_cost_per_hour:.2f}/h",
+                data={
+                    "reason": reason,
+                    "changes": info["changes"],
+                    "procurement": info["procurement"],
+                },
+            )
+        )
     return info
+
+
+def _unplaced(row: m.Deployment) -> list[dict[str, Any]] | None:
+    placed = deployment_status(row).placement
+    return None if placed is None else [u.model_dump() for u in placed.unplaced]
 
 
 def held_gpus(session: Session) -> dict[str, int]:
@@ -313,52 +347,17 @@ def replan(
 def current(session: Session) -> dict[str, Any]:
     """The stored placement and each deployment's last placement status (reasons, cost)."""
     world = load_world(session)
+    placed = {name: deployment_status(d).placement for name, d in world.deployments.items()}
     deployments = {
-        name: (d.status or {}).get("placement", {}) for name, d in world.deployments.items()
+        name: p.model_dump(mode="json") if p is not None else {} for name, p in placed.items()
     }
-    total = sum(Decimal(v.get("cost_per_hour", "0")) for v in deployments.values())
+    total = sum(Decimal(p.cost_per_hour) for p in placed.values() if p is not None)
     assignments = [
         {"deployment": a.deployment, "cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
         for a in world.input.current
     ]
-    return {"total_cost_per_hour": f"{total:.6f}", "deployments": deployments,
-            "assignments": assignments}  # fmt: skip
-
-
-def with_changes(world: World, changes: Iterable[dict[str, Any]]) -> World:
-    """A what-if copy of the world: e.g. a cluster down, a pool's reservation ended."""
-    inp = world.input
-    for change in changes:
-        inp = _apply_change(inp, change)
-    return replace(world, input=inp)
-
-
-def _apply_change(inp: engine.PlacementInput, change: dict[str, Any]) -> engine.PlacementInput:
-    kind, name, patch = change["kind"], change["name"], change.get("set", {})
-    if kind == "cluster":
-        return replace(inp, clusters=tuple(
-            replace(c, **_fields(engine.Cluster, patch)) if c.name == name else c for c in inp.clusters
-        ))  # fmt: skip
-    if kind == "pool":
-        return replace(inp, pools=tuple(
-            replace(p, **_fields(engine.Pool, patch)) if p.id == name else p for p in inp.pools
-        ))  # fmt: skip
-    return replace(inp, deployments=tuple(
-        replace(d, **_fields(engine.Deployment, patch)) if d.name == name else d for d in inp.deployments
-    ))  # fmt: skip
-
-
-def _fields(cls: type, patch: dict[str, Any]) -> dict[str, Any]:
-    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-    return {k: v for k, v in patch.items() if k in known}
-
-
-def preview(world: World, changes: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Re-plan with pretend changes against the plan for the unchanged world; writes nothing."""
-    baseline = engine.place(world.input)
-    changed = with_changes(world, changes)
-    after = engine.place(replace(changed.input, current=baseline.assignments))
-    info = summary(changed, after)
-    info["moves"] = info.pop("changes")
-    info["cost_delta_per_hour"] = f"{after.total_cost_per_hour - baseline.total_cost_per_hour:.6f}"
-    return info
+    return {
+        "total_cost_per_hour": f"{total:.6f}",
+        "deployments": deployments,
+        "assignments": assignments,
+    }

@@ -13,7 +13,10 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import (
+from controlplane.db import models as m
+from controlplane.db.columns import cluster_status, set_status
+from controlplane.errors import InUse, InvalidSpec
+from controlplane.specs import (
     ClusterSpec,
     DeploymentSpec,
     GpuTypeSpec,
@@ -24,8 +27,6 @@ from controlplane.api.schemas import (
     Spec,
     TokenSpec,
 )
-from controlplane.db import models as m
-from controlplane.errors import InUse, InvalidSpec
 
 Filter = Callable[[Select[Any], str], Select[Any]]
 
@@ -169,9 +170,15 @@ def _check_delete_gpu_type(session: Session, row: m.GpuType, force: bool) -> Non
 # pools -------------------------------------------------------------------------------------
 
 _POOL_OPTIONAL = (
-    "instance_type", "term_start", "term_end", "committed_gpus", "capacity_reservation_id",
-    "quota_gpus", "interruptions_per_hour", "notice_seconds",
-)  # fmt: skip
+    "instance_type",
+    "term_start",
+    "term_end",
+    "committed_gpus",
+    "capacity_reservation_id",
+    "quota_gpus",
+    "interruptions_per_hour",
+    "notice_seconds",
+)
 
 
 def _load_pool(row: m.Pool) -> dict[str, Any]:
@@ -239,7 +246,7 @@ def _load_cluster(row: m.Cluster) -> dict[str, Any]:
         "name": row.name,
         "region": row.region.name,
         "pools": sorted(p.name for p in row.pools),
-        "cordoned": row.state == "cordoned" or bool(row.status.get("cordoned")),
+        "cordoned": row.state == "cordoned" or cluster_status(row).cordoned,
     }
     if row.endpoint:
         spec["endpoint"] = row.endpoint
@@ -251,7 +258,7 @@ def _apply_cluster(session: Session, row: m.Cluster, spec: ClusterSpec) -> None:
     pools = [_by_name(session, m.Pool, name, "pools") for name in spec.pools]
     row.name, row.region, row.pools = spec.name, region, pools
     row.endpoint = str(spec.endpoint) if spec.endpoint else None
-    row.status = {**(row.status or {}), "cordoned": spec.cordoned}
+    set_status(row, cordoned=spec.cordoned)
 
 
 def _check_delete_cluster(session: Session, row: m.Cluster, force: bool) -> None:

@@ -1,14 +1,40 @@
-"""The first admin token, created once on an empty database and shown once."""
+"""API tokens: the first admin token (created once on an empty database, shown once) and
+the check of a presented token. Only SHA-256 hashes of tokens are stored."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from controlplane.api.schemas import Role, TokenSpec
 from controlplane.db.models import ApiToken
+from controlplane.errors import Unauthenticated
 from controlplane.services import inventory
 from controlplane.services.resources import KINDS
+from controlplane.specs import Role, TokenSpec
+
+
+@dataclass(frozen=True)
+class ValidToken:
+    id: str
+    name: str
+    role: Role
+
+
+def valid_token(session: Session, digest: str, now: datetime) -> ValidToken:
+    """The token whose SHA-256 is `digest`, or Unauthenticated (unknown, disabled, expired)."""
+    row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+    if row is None or row.disabled:
+        raise Unauthenticated("token is not valid; check it or ask an admin for a new one")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise Unauthenticated(f"token '{row.name}' expired at {row.expires_at.isoformat()}")
+    return ValidToken(row.id, row.name, Role(row.role))
+
+
+def mark_used(session: Session, token_id: str, now: datetime) -> None:
+    session.execute(update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=now))
 
 
 def ensure_admin_token(session: Session, name: str = "admin") -> str | None:

@@ -12,12 +12,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.schemas import Role, TokenSpec
 from controlplane.db.base import Base
 from controlplane.db.session import make_engine, make_session_factory
 from controlplane.services import inventory
 from controlplane.services.resources import KINDS
 from controlplane.settings import Settings
+from controlplane.specs import Role, TokenSpec
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,23 @@ PUBLIC = None
 V, OP, A = "viewer", "operator", "admin"
 RANK = {V: 0, OP: 1, A: 2}
 
-INVENTORY_WRITE = {"providers": A, "regions": A, "gpu-types": A, "pools": OP, "clusters": OP,
-                   "deployments": OP, "tokens": A}  # fmt: skip
-READ = {k: V for k in INVENTORY_WRITE} | {"tokens": A, "placements": V, "replicas": V,
-                                          "instances": V, "events": V, "audit": A}  # fmt: skip
+INVENTORY_WRITE = {
+    "providers": A,
+    "regions": A,
+    "gpu-types": A,
+    "pools": OP,
+    "clusters": OP,
+    "deployments": OP,
+    "tokens": A,
+}
+READ = {k: V for k in INVENTORY_WRITE} | {
+    "tokens": A,
+    "placements": V,
+    "replicas": V,
+    "instances": V,
+    "events": V,
+    "audit": A,
+}
 
 RULES: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,

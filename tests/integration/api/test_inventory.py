@@ -9,8 +9,16 @@ from tests.integration.api import builders as b
 
 def test_create_get_by_id_and_name_list_and_delete_a_pool(operator, admin):
     b.seed(admin)
-    created = operator.post("pools", b.pool("aws-use1-h100-spot", purchase_type="spot", quota_gpus=None,
-                                            interruptions_per_hour="0.05", notice_seconds=120))  # fmt: skip
+    created = operator.post(
+        "pools",
+        b.pool(
+            "aws-use1-h100-spot",
+            purchase_type="spot",
+            quota_gpus=None,
+            interruptions_per_hour="0.05",
+            notice_seconds=120,
+        ),
+    )
     assert created.status_code == 201, created.text
     body = created.json()
     assert body["generation"] == 1
@@ -121,8 +129,10 @@ def test_validation_errors_name_the_field_and_the_fix(admin, path, body, field, 
 
 def test_bad_json_is_a_400_problem_not_a_500(admin):
     response = admin.client.post(
-        "/api/v1/providers", content=b"{not json", headers=admin.headers | {"Content-Type": "application/json"}
-    )  # fmt: skip
+        "/api/v1/providers",
+        content=b"{not json",
+        headers=admin.headers | {"Content-Type": "application/json"},
+    )
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["detail"]
 
@@ -229,3 +239,31 @@ def test_changes_placement_depends_on_ask_for_a_replan_and_others_do_not(
         api.patch("providers/aws-main", {"certifications": ["SOC2"]})
         assert asked[-1] == "Provider"
     _truncate(engine)
+
+
+def test_a_deprecated_knob_spelling_is_accepted_and_answered_with_the_one_spelling(admin):
+    b.seed(admin)
+    old = {"min_replicas": 1, "max_replicas": 4, "concurrency_target": 16, "window_s": 30}
+    created = admin.post(
+        "deployments", b.deployment(autoscaling=old, placement={"min_providers": 1})
+    )
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["autoscaling"]["target_concurrency"] == 16.0
+    assert body["autoscaling"]["window_seconds"] == 30.0
+    assert body["placement"]["min_distinct_providers"] == 1
+    assert "concurrency_target" not in body["autoscaling"]
+    # the same spec in the new spelling is no change at all
+    new = {"min_replicas": 1, "max_replicas": 4, "target_concurrency": 16, "window_seconds": 30}
+    again = admin.put("deployments/chat-llm", b.deployment(autoscaling=new))
+    assert again.json()["generation"] == 1
+
+    unset = admin.post("deployments", b.deployment("other-llm")).json()
+    assert unset["autoscaling"]["target_concurrency"] == 8.0  # docs/api.md's default
+
+    both = admin.post(
+        "deployments",
+        b.deployment("both", autoscaling={"target_concurrency": 4, "concurrency_target": 16}),
+    )
+    assert both.status_code == 422
+    assert "send only `target_concurrency`" in both.json()["detail"]

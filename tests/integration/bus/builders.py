@@ -19,8 +19,9 @@ from workloadplane.runtime.memory import InMemoryRuntime
 from workloadplane.state import DesiredStateStore
 
 
-def make_desired(cluster: str, generation: int, replicas: int = 1, revision: str = "r1",
-                 name: str = "chat") -> DesiredState:  # fmt: skip
+def make_desired(
+    cluster: str, generation: int, replicas: int = 1, revision: str = "r1", name: str = "chat"
+) -> DesiredState:
     return DesiredState(
         cluster=cluster,
         generation=generation,
@@ -47,14 +48,26 @@ class RunningAgent:
             await asyncio.wait_for(self.task, 10)
 
 
-def start_agent(cluster: str, url: str, creds: NatsCredentials | None, state_dir: Path,
-                runtime: InMemoryRuntime | None = None,
-                heartbeat_interval: float = 0.05) -> RunningAgent:  # fmt: skip
+def start_agent(
+    cluster: str,
+    url: str,
+    creds: NatsCredentials | None,
+    state_dir: Path,
+    runtime: InMemoryRuntime | None = None,
+    heartbeat_interval: float = 0.05,
+) -> RunningAgent:
     runtime = runtime or InMemoryRuntime()
     agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=False))
     stop = asyncio.Event()
     task = asyncio.create_task(
-        serve(agent, url, creds, heartbeat_interval=heartbeat_interval, reconcile_interval=0.05,
-              resync_interval=0.5, stop=stop)
-    )  # fmt: skip
+        serve(
+            agent,
+            url,
+            creds,
+            heartbeat_interval=heartbeat_interval,
+            reconcile_interval=0.05,
+            resync_interval=0.5,
+            stop=stop,
+        )
+    )
     return RunningAgent(agent, runtime, task, stop)

@@ -56,9 +56,12 @@ class Bus:
                 errors.append(exc)
 
         return await nats.connect(
-            self.url, error_cb=on_error, max_reconnect_attempts=-1, reconnect_time_wait=0.1,
+            self.url,
+            error_cb=on_error,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.1,
             **creds.connect_options(),
-        )  # fmt: skip
+        )
 
 
 async def eventually(
@@ -87,8 +90,9 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
         tmp_path / "nats.conf",
         render_server_config(controlplane=cp, clusters=clusters, store_dir=store, port=port),
     )
-    server = NatsServer(store_dir=store, port=port, config_file=conf,
-                        log_file=tmp_path / "nats.log").start()  # fmt: skip
+    server = NatsServer(
+        store_dir=store, port=port, config_file=conf, log_file=tmp_path / "nats.log"
+    ).start()
     errors: list[Exception] = []
     try:
         holder = Bus(server, cp, clusters, None, None, None, errors)  # type: ignore[arg-type]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bus import InMemorySink, ReportConsumer, liveness_changes, publish_desired
-from controlplane.bus.liveness import Liveness
+from controlplane.bus import InMemorySink, ReportConsumer, publish_desired
+from controlplane.liveness import Liveness, liveness_changes
 from controlplane.local.ports import free_port
 from tests.integration.bus.builders import make_desired, start_agent
 from tests.integration.bus.conftest import Bus, eventually
@@ -81,8 +81,10 @@ async def test_agent_serves_from_disk_without_nats_then_converges_to_newest(
     online = start_agent("a", bus.url, bus.clusters["a"], state_dir, runtime)
     _, sink = consumer
     try:
-        await eventually(lambda: any(o.observed_generation == 5 for _, o in sink.observed),
-                         what="heartbeat on generation 5")  # fmt: skip
+        await eventually(
+            lambda: any(o.observed_generation == 5 for _, o in sink.observed),
+            what="heartbeat on generation 5",
+        )
         assert online.agent.desired is not None
         assert online.agent.desired.generation == 5  # never back to 4
         assert runtime.started == 2

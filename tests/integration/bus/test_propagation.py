@@ -82,12 +82,16 @@ async def test_nats_restart_mid_stream_agent_ends_on_newest(bus: Bus, tmp_path: 
                 await bus.nc.flush()
                 bus.server.restart()
             state = make_desired("a", generation, replicas=1 + generation % 3)
-            await eventually(lambda s=state: _try_publish(bus, s), timeout=10,
-                             what=f"publishing generation {generation}")  # fmt: skip
+            await eventually(
+                lambda s=state: _try_publish(bus, s),
+                timeout=10,
+                what=f"publishing generation {generation}",
+            )
         await eventually(
-            lambda: running.agent.applied_generation == newest, timeout=10,
+            lambda: running.agent.applied_generation == newest,
+            timeout=10,
             what="agent on the newest generation",
-        )  # fmt: skip
+        )
         assert running.agent.desired is not None
         assert running.agent.desired.generation == newest
         assert len(await running.runtime.list_replicas()) == 1 + newest % 3
@@ -116,9 +120,10 @@ async def test_controlplane_consumer_restart_loses_nothing(bus: Bus, tmp_path: P
         fact = DesiredStateApplied(cluster="a", source="cluster/a", generation=generation)
         sent.append(fact.id)
         await agent_js.publish(
-            f"gpufleet.v1.cluster.a.fact.{fact.type}", encode(fact),
+            f"gpufleet.v1.cluster.a.fact.{fact.type}",
+            encode(fact),
             headers={"Nats-Msg-Id": str(fact.id)},
-        )  # fmt: skip
+        )
 
     try:
         for g in range(1, 6):

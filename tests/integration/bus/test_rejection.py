@@ -33,14 +33,17 @@ async def test_controlplane_rejects_bad_reports_and_keeps_consuming(
 ):
     _, sink = consumer
     metric = "gpufleet_bus_rejected_messages"
-    before = {r: counted(metric, r) for r in ("malformed", "schema_version", "invalid",
-                                               "cluster_mismatch")}  # fmt: skip
+    before = {
+        r: counted(metric, r)
+        for r in ("malformed", "schema_version", "invalid", "cluster_mismatch")
+    }
     nc = await bus.connect(bus.clusters["a"])
     js = nc.jetstream(timeout=1)
     v2 = json.loads(encode(ObservedState(cluster="a", source="cluster/a")))
     v2["schema_version"] = 2
-    no_generation = json.loads(encode(DesiredStateApplied(cluster="a", source="cluster/a",
-                                                          generation=1)))  # fmt: skip
+    no_generation = json.loads(
+        encode(DesiredStateApplied(cluster="a", source="cluster/a", generation=1))
+    )
     del no_generation["generation"]
     bad = [
         (observed_subject("a"), b"\x00 not json"),
@@ -99,9 +102,10 @@ async def test_agent_rejects_bad_desired_state_and_keeps_serving(
         assert len(await running.runtime.list_replicas()) == 1
         assert not running.task.done()
         await eventually(
-            lambda: {3} <= {f.generation for _, f in sink.facts
-                            if isinstance(f, DesiredStateApplied)},
+            lambda: (
+                {3} <= {f.generation for _, f in sink.facts if isinstance(f, DesiredStateApplied)}
+            ),
             what="generation 3 acknowledged",
-        )  # fmt: skip
+        )
     finally:
         await running.close()

@@ -45,9 +45,11 @@ class Cli:
         self.url, self.config = url, config
         # None unsets a variable, so the developer's own GPUFLEET_* never leak in.
         self.env: dict[str, str | None] = {
-            "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token, "GPUFLEET_CONFIG": str(config),
+            "GPUFLEET_URL": url,
+            "GPUFLEET_TOKEN": token,
+            "GPUFLEET_CONFIG": str(config),
             "COLUMNS": "200",
-        }  # fmt: skip
+        }
         self.runner = CliRunner()
 
     def __call__(self, *args: str, input: str | None = None) -> Result:

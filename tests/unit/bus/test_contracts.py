@@ -115,19 +115,28 @@ def test_bad_messages_are_rejected_with_a_reason(data: bytes, reason: str):
 def test_every_message_round_trips():
     replica = c.ReplicaStatus(replica_id="r1", deployment="chat", revision="r1", state="ready")
     samples = [
-        c.ObservedState(cluster="a", source="cluster/a", replicas=[replica],
-                        deployments=[c.DeploymentObserved(name="chat", demand=9)]),
+        c.ObservedState(
+            cluster="a",
+            source="cluster/a",
+            replicas=[replica],
+            deployments=[c.DeploymentObserved(name="chat", demand=9)],
+        ),
         c.ReplicaStarted(cluster="a", source="cluster/a", replica=replica),
         c.ReplicaFailed(cluster="a", source="cluster/a", replica=replica, reason="oom"),
         c.SpotInterruptionNoticed(cluster="a", source="cluster/a", instance_id="i-1"),
         c.NodeUnhealthy(cluster="a", source="cluster/a", instance_id="i-1", reason="xid 79"),
         c.CapacityExhausted(cluster="a", source="cluster/a", deployment="chat", wanted=2),
         c.DesiredStateApplied(cluster="a", source="cluster/a", generation=1),
-    ]  # fmt: skip
+    ]
     for message in samples:
         assert c.decode_report(c.encode(message)) == message
-    desired = c.DesiredState(cluster="a", generation=1, deployments=[
-        c.DeploymentDesired(name="chat", spec=c.RevisionSpec(model_id="m", revision="r1"))])  # fmt: skip
+    desired = c.DesiredState(
+        cluster="a",
+        generation=1,
+        deployments=[
+            c.DeploymentDesired(name="chat", spec=c.RevisionSpec(model_id="m", revision="r1"))
+        ],
+    )
     assert c.decode_desired(c.encode(desired)) == desired
 
 

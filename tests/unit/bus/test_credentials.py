@@ -39,8 +39,9 @@ def test_rendered_config_is_valid_for_nats_server(tmp_path: Path):
     )
     path = write_server_config(tmp_path / "nats.conf", text)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    check = subprocess.run([nats_server_binary(), "-c", str(path), "-t"],
-                           capture_output=True, text=True, timeout=10)  # fmt: skip
+    check = subprocess.run(
+        [nats_server_binary(), "-c", str(path), "-t"], capture_output=True, text=True, timeout=10
+    )
     assert check.returncode == 0, check.stderr
     assert "port: 4333" in text
     assert '"cluster-edge-1"' in text

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.bus import cluster_liveness, liveness_changes
+from controlplane.liveness import cluster_liveness, liveness_changes
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STALE, DOWN = timedelta(seconds=15), timedelta(seconds=60)
@@ -53,5 +53,6 @@ def test_changes_report_only_transitions():
         "b": (None, "healthy"),
     }
     assert liveness_changes({"a": "down", "b": "healthy"}, beats, now, STALE, DOWN) == {}
-    assert liveness_changes({"a": "down", "b": "healthy"}, beats,
-                            now + timedelta(seconds=5), STALE, DOWN) == {"b": ("healthy", "stale")}  # fmt: skip
+    assert liveness_changes(
+        {"a": "down", "b": "healthy"}, beats, now + timedelta(seconds=5), STALE, DOWN
+    ) == {"b": ("healthy", "stale")}

@@ -55,9 +55,13 @@ def test_token_prefix_never_shows_the_secret() -> None:
 
 @pytest.mark.parametrize(
     ("when", "shown"),
-    [("2026-03-01T11:59:58+00:00", "2s"), ("2026-03-01T11:55:00+00:00", "5m"),
-     ("2026-02-27T12:00:00", "2d"), (None, "-")],
-)  # fmt: skip
+    [
+        ("2026-03-01T11:59:58+00:00", "2s"),
+        ("2026-03-01T11:55:00+00:00", "5m"),
+        ("2026-02-27T12:00:00", "2d"),
+        (None, "-"),
+    ],
+)
 def test_age(when: str | None, shown: str) -> None:
     assert age(when, NOW) == shown
 
@@ -65,8 +69,16 @@ def test_age(when: str | None, shown: str) -> None:
 def test_placements_show_names_not_ids() -> None:
     from rich.console import Console
 
-    placement = {"id": "p1", "deployment_id": "d1", "cluster_id": "c1", "pool_id": "x1234567890",
-                 "replicas": 2, "min_replicas": 1, "max_replicas": 3, "cost_per_hour": "7.5"}  # fmt: skip
+    placement = {
+        "id": "p1",
+        "deployment_id": "d1",
+        "cluster_id": "c1",
+        "pool_id": "x1234567890",
+        "replicas": 2,
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "cost_per_hour": "7.5",
+    }
     view = View(NOW, {"d1": "chat", "c1": "use1-a"})
     console = Console(width=200, record=True)
     console.print(table(resolve_kind("placements"), [placement], view, wide=False))
@@ -81,8 +93,12 @@ def test_name_output() -> None:
 
 
 def test_problem_line_keeps_the_detail_and_drops_the_kind_prefix() -> None:
-    body = {"type": "t", "title": "Invalid specification", "status": 422,
-            "detail": "invalid Pool: gpus: Input should be greater than or equal to 0"}  # fmt: skip
+    body = {
+        "type": "t",
+        "title": "Invalid specification",
+        "status": 422,
+        "detail": "invalid Pool: gpus: Input should be greater than or equal to 0",
+    }
     response = httpx.Response(422, json=body)
     assert problem_line(response) == "gpus: Input should be greater than or equal to 0"
     assert problem_line(httpx.Response(502, text="bad gateway")) == "HTTP 502 Bad Gateway"

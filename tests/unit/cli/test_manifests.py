@@ -23,21 +23,40 @@ from controlplane.services.resources import KINDS
 
 
 def pool(**kw: Any) -> dict[str, Any]:
-    return {"kind": "Pool", "name": "gpu-a", "provider": "aws-main", "region": "use1",
-            "gpu_type": "H100-80G", "purchase_type": "on_demand", "gpus": 64,
-            "price_per_gpu_hour": "3.9", "quota_gpus": 128} | kw  # fmt: skip
+    return {
+        "kind": "Pool",
+        "name": "gpu-a",
+        "provider": "aws-main",
+        "region": "use1",
+        "gpu_type": "H100-80G",
+        "purchase_type": "on_demand",
+        "gpus": 64,
+        "price_per_gpu_hour": "3.9",
+        "quota_gpus": 128,
+    } | kw
 
 
 def deployment(**kw: Any) -> dict[str, Any]:
-    return {"kind": "Deployment", "name": "chat", "model_id": "m/x", "gpus_per_replica": 1,
-            "gpu_types": ["H100-80G"], "autoscaling": {"max_replicas": 4}} | kw  # fmt: skip
+    return {
+        "kind": "Deployment",
+        "name": "chat",
+        "model_id": "m/x",
+        "gpus_per_replica": 1,
+        "gpu_types": ["H100-80G"],
+        "autoscaling": {"max_replicas": 4},
+    } | kw
 
 
 def served(doc: dict[str, Any], **status: Any) -> dict[str, Any]:
     """The object as the API returns it: spec fields plus metadata."""
     (manifest,) = load_manifests_from([doc])
-    return manifest.body | {"kind": manifest.kind.name, "id": "0f", "generation": 3,
-                            "created_at": "2026-01-01T00:00:00+00:00", "status": status}  # fmt: skip
+    return manifest.body | {
+        "kind": manifest.kind.name,
+        "id": "0f",
+        "generation": 3,
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "status": status,
+    }
 
 
 def load_manifests_from(docs: list[dict[str, Any]]) -> list[Any]:
@@ -48,10 +67,18 @@ def load_manifests_from(docs: list[dict[str, Any]]) -> list[Any]:
 
 @pytest.mark.parametrize(
     ("word", "path"),
-    [("pool", "pools"), ("Pools", "pools"), ("deploy", "deployments"), ("gpu-type", "gpu-types"),
-     ("gpu_types", "gpu-types"), ("GpuType", "gpu-types"), ("ev", "events"), ("audit", "audit"),
-     ("replica", "replicas")],
-)  # fmt: skip
+    [
+        ("pool", "pools"),
+        ("Pools", "pools"),
+        ("deploy", "deployments"),
+        ("gpu-type", "gpu-types"),
+        ("gpu_types", "gpu-types"),
+        ("GpuType", "gpu-types"),
+        ("ev", "events"),
+        ("audit", "audit"),
+        ("replica", "replicas"),
+    ],
+)
 def test_kind_aliases(word: str, path: str) -> None:
     assert resolve_kind(word).path == path
 
@@ -74,8 +101,9 @@ def test_documents_lists_and_line_numbers() -> None:
     text = "# fleet\nkind: GpuType\nname: H100\nmemory_gib: 80\n---\n---\nkind: List\nitems:\n  - {kind: GpuType, name: L4, memory_gib: 24}\n"
     docs = parse_documents(text, "f.yaml")
     assert [(d.source, d.body["name"]) for d in docs] == [
-        ("f.yaml:2", "H100"), ("f.yaml:7 items[0]", "L4")
-    ]  # fmt: skip
+        ("f.yaml:2", "H100"),
+        ("f.yaml:7 items[0]", "L4"),
+    ]
 
 
 def test_bad_yaml_names_the_line() -> None:
@@ -104,9 +132,17 @@ def test_duplicates_and_read_only_kinds_are_refused() -> None:
 
 
 def test_manifests_come_back_in_dependency_order() -> None:
-    docs = [deployment(), pool(), {"kind": "Provider", "name": "aws-main", "provider_kind": "aws",
-            "provider_class": "hyperscaler"}, {"kind": "GpuType", "name": "H100-80G",
-            "memory_gib": 80}]  # fmt: skip
+    docs = [
+        deployment(),
+        pool(),
+        {
+            "kind": "Provider",
+            "name": "aws-main",
+            "provider_kind": "aws",
+            "provider_class": "hyperscaler",
+        },
+        {"kind": "GpuType", "name": "H100-80G", "memory_gib": 80},
+    ]
     kinds = [m.kind.name for m in load_manifests_from(docs)]
     assert kinds == ["Provider", "GpuType", "Pool", "Deployment"]
 
@@ -132,8 +168,9 @@ def test_update_lists_nested_fields_old_to_new() -> None:
     assert change.action == Action.update
     assert change.generation == 3
     assert [(f.path, f.old, f.new) for f in change.fields] == [
-        ("autoscaling.max_replicas", 4, 8), ("priority", 100, 300)
-    ]  # fmt: skip
+        ("autoscaling.max_replicas", 4, 8),
+        ("priority", 100, 300),
+    ]
 
 
 def test_removed_optional_field_shows_as_unset() -> None:
@@ -156,3 +193,14 @@ def test_server_object_becomes_a_manifest_without_metadata() -> None:
     assert not {"id", "generation", "created_at", "status"} & set(doc)
     (again,) = load_manifests_from([doc])
     assert plan_one(again, served(pool())).action == Action.unchanged
+
+
+def test_a_manifest_in_the_old_spelling_is_sent_and_compared_in_the_new_one() -> None:
+    old = {"max_replicas": 4, "concurrency_target": 16, "scale_to_zero_idle_s": 300}
+    (m,) = load_manifests_from([deployment(autoscaling=old, placement={"min_regions": 2})])
+    assert m.body["autoscaling"]["target_concurrency"] == 16.0
+    assert m.body["autoscaling"]["scale_to_zero_idle_seconds"] == 300.0
+    assert m.body["placement"]["min_distinct_regions"] == 2
+    new = {"max_replicas": 4, "target_concurrency": 16, "scale_to_zero_idle_seconds": 300}
+    server = served(deployment(autoscaling=new, placement={"min_distinct_regions": 2}))
+    assert plan_one(m, server).action == Action.unchanged

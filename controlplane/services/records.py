@@ -1,0 +1,151 @@
+"""What the control plane decided or observed, read-only: placements, replicas, instances,
+events, the audit log, and a deployment's revisions.
+
+Pages are ordered by time then id (newest first for events and audit); a cursor names the
+last row seen, so a page never repeats or skips a row that was there when it was read.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from controlplane.db import models as m
+from controlplane.errors import BadRequest, NotFound
+from controlplane.services import inventory
+from controlplane.services.resources import KINDS, Filter, eq_filter, ref_filter
+from controlplane.specs import Role
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    path: str
+    row: type[Any]
+    time_column: str
+    role: Role = Role.viewer
+    filters: Mapping[str, Filter] = field(default_factory=dict)
+    newest_first: bool = False
+
+
+RECORDS = (
+    RecordKind(
+        "placements",
+        m.Placement,
+        "created_at",
+        filters={
+            "deployment": ref_filter(m.Placement.deployment_id, m.Deployment),
+            "cluster": ref_filter(m.Placement.cluster_id, m.Cluster),
+            "pool": ref_filter(m.Placement.pool_id, m.Pool),
+        },
+    ),
+    RecordKind(
+        "replicas",
+        m.Replica,
+        "created_at",
+        filters={
+            "deployment": ref_filter(m.Replica.deployment_id, m.Deployment),
+            "cluster": ref_filter(m.Replica.cluster_id, m.Cluster),
+            "state": eq_filter(m.Replica.state),
+        },
+    ),
+    RecordKind(
+        "instances",
+        m.Instance,
+        "created_at",
+        filters={
+            "pool": ref_filter(m.Instance.pool_id, m.Pool),
+            "cluster": ref_filter(m.Instance.cluster_id, m.Cluster),
+            "state": eq_filter(m.Instance.state),
+        },
+    ),
+    RecordKind(
+        "events",
+        m.Event,
+        "time",
+        newest_first=True,
+        filters={
+            "type": eq_filter(m.Event.type),
+            "object_kind": eq_filter(m.Event.object_kind),
+            "object_name": eq_filter(m.Event.object_name),
+        },
+    ),
+    RecordKind(
+        "audit",
+        m.AuditEntry,
+        "time",
+        role=Role.admin,
+        newest_first=True,
+        filters={
+            "actor": eq_filter(m.AuditEntry.actor),
+            "action": eq_filter(m.AuditEntry.action),
+            "resource_kind": eq_filter(m.AuditEntry.resource_kind),
+            "resource_name": eq_filter(m.AuditEntry.resource_name),
+        },
+    ),
+)
+
+
+def plain(row: Any) -> dict[str, Any]:
+    """Every column as JSON: times in ISO 8601, money as a decimal string."""
+    out: dict[str, Any] = {}
+    for column in row.__table__.columns:
+        value = getattr(row, column.key)
+        out[column.key] = value.isoformat() if hasattr(value, "isoformat") else value
+        if column.key.endswith("cost_per_hour") and value is not None:
+            out[column.key] = str(value)
+    return out
+
+
+def page(
+    session: Session, kind: RecordKind, filters: Mapping[str, str], limit: int, cursor: str | None
+) -> dict[str, Any]:
+    t = getattr(kind.row, kind.time_column)
+    order = (t.desc(), kind.row.id.desc()) if kind.newest_first else (t, kind.row.id)
+    stmt = select(kind.row).order_by(*order)
+    for key, value in filters.items():
+        if key not in kind.filters:
+            allowed = ", ".join(sorted(kind.filters))
+            raise BadRequest(f"unknown filter '{key}' for {kind.path}; allowed filters: {allowed}")
+        stmt = kind.filters[key](stmt, value)
+    if cursor:
+        at, last_id = _decode(cursor)
+        after = (t < at) | and_(t == at, kind.row.id < last_id)
+        before = (t > at) | and_(t == at, kind.row.id > last_id)
+        stmt = stmt.where(or_(after) if kind.newest_first else or_(before))
+    rows = list(session.scalars(stmt.limit(limit + 1)))
+    next_cursor = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        next_cursor = _encode(getattr(last, kind.time_column).isoformat(), last.id)
+    return {"items": [plain(r) for r in rows[:limit]], "next_cursor": next_cursor}
+
+
+def get_one(session: Session, kind: RecordKind, object_id: str) -> dict[str, Any]:
+    row = session.get(kind.row, object_id)
+    if row is None:
+        raise NotFound(f"no {kind.path} entry with id '{object_id}'")
+    return plain(row)
+
+
+def revisions(session: Session, deployment_ref: str) -> dict[str, Any]:
+    """Every revision of a deployment, oldest first (one page: a revision is rare)."""
+    row = inventory.get(session, KINDS["deployments"], deployment_ref)
+    revs = sorted(row.revisions, key=lambda r: r.revision)
+    return {"items": [plain(r) for r in revs], "next_cursor": None}
+
+
+def _encode(at: str, row_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{at}|{row_id}".encode()).decode()
+
+
+def _decode(cursor: str) -> tuple[str, str]:
+    try:
+        at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+    except ValueError as exc:
+        raise BadRequest("cursor is not valid; pass next_cursor from the previous page") from exc
+    return at, row_id

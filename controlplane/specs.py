@@ -1,0 +1,370 @@
+"""The specs users write (API bodies, CLI YAML, Terraform): references are by name.
+
+Domain, not HTTP: services, the CLI and the API all validate with these models. A spec is
+what the user owns; `generation` changes only when it changes. Status is ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    AliasChoices,
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from controlplane.jurisdictions import is_jurisdiction
+
+Name = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63),
+    Field(description="Lowercase letters, digits and '-', at most 63 characters."),
+]
+GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
+CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-secret|none):\S+$"
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _check_jurisdictions(codes: list[str]) -> list[str]:
+    for code in codes:
+        if not is_jurisdiction(code):
+            raise ValueError(
+                f"'{code}' is not an ISO 3166-1 alpha-2 country code; use e.g. US, DE, JP"
+            )
+    return codes
+
+
+class ProviderKind(StrEnum):
+    aws = "aws"
+    gcp = "gcp"
+    azure = "azure"
+    coreweave = "coreweave"
+    nebius = "nebius"
+    lambda_ = "lambda"
+    local = "local"
+    other = "other"
+
+
+class ProviderClass(StrEnum):
+    hyperscaler = "hyperscaler"
+    neocloud = "neocloud"
+    reseller = "reseller"
+
+
+class ProviderSpec(Spec):
+    name: Name
+    provider_kind: ProviderKind = Field(
+        description="Which cloud (aws, gcp, lambda, local…). Not `kind`: that names the object "
+        "type in manifests and responses (kind: Provider)."
+    )
+    provider_class: ProviderClass
+    certifications: list[Certification] = Field(default_factory=list)
+    credentials_ref: Annotated[str, StringConstraints(pattern=CREDENTIALS_REF)] | None = Field(
+        default=None,
+        description="Where the credentials live, never the secret: env:NAME, file:/path, "
+        "vault:path, aws-secretsmanager:arn, gcp-secretmanager:name, k8s-secret:ns/name.",
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("certifications")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class RegionSpec(Spec):
+    name: Name
+    provider: Name
+    code: Annotated[str, StringConstraints(min_length=1, max_length=63)]
+    jurisdiction: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")] = Field(
+        description="ISO 3166-1 alpha-2 country code where the region's data lives."
+    )
+    latitude: float = Field(ge=-90, le=90)
+    longitude: float = Field(ge=-180, le=180)
+
+    @field_validator("jurisdiction")
+    @classmethod
+    def _iso(cls, v: str) -> str:
+        _check_jurisdictions([v])
+        return v
+
+
+class GpuTypeSpec(Spec):
+    name: GpuTypeName
+    memory_gib: int = Field(gt=0, le=4096)
+
+
+class PurchaseType(StrEnum):
+    reserved = "reserved"
+    on_demand = "on_demand"
+    spot = "spot"
+
+
+_ONLY_FOR: dict[str, PurchaseType] = {
+    "term_start": PurchaseType.reserved,
+    "term_end": PurchaseType.reserved,
+    "committed_gpus": PurchaseType.reserved,
+    "capacity_reservation_id": PurchaseType.reserved,
+    "quota_gpus": PurchaseType.on_demand,
+    "interruptions_per_hour": PurchaseType.spot,
+    "notice_seconds": PurchaseType.spot,
+}
+
+
+class PoolSpec(Spec):
+    name: Name
+    provider: Name
+    region: Name
+    gpu_type: GpuTypeName
+    purchase_type: PurchaseType
+    gpus: int = Field(ge=0, description="GPUs in the pool now (held or immediately usable).")
+    gpus_per_instance: int = Field(default=8, ge=1, le=64)
+    instance_type: str | None = None
+    price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
+    term_start: datetime | None = None
+    term_end: datetime | None = None
+    committed_gpus: int | None = Field(default=None, ge=0)
+    capacity_reservation_id: str | None = None
+    quota_gpus: int | None = Field(default=None, ge=0)
+    interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
+    notice_seconds: int | None = Field(default=None, ge=0)
+
+    @field_validator("price_per_gpu_hour", "interruptions_per_hour")
+    @classmethod
+    def _exact(cls, v: Decimal | None) -> Decimal | None:
+        # stored as NUMERIC(…, 6): normalise so that "2.1" and "2.100000" are the same spec
+        return None if v is None else v.quantize(Decimal("0.000001"))
+
+    @field_validator(*_ONLY_FOR)
+    @classmethod
+    def _only_for_its_purchase_type(cls, v: object, info: ValidationInfo) -> object:
+        only = _ONLY_FOR[str(info.field_name)]
+        if v is not None and info.data.get("purchase_type") not in (None, only):
+            raise ValueError(
+                f"applies to {only.value} pools only; remove it or set purchase_type: {only.value}"
+            )
+        return v
+
+    @field_validator("term_end")
+    @classmethod
+    def _after_start(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
+        start = info.data.get("term_start")
+        if v is not None and start is not None and v <= start:
+            raise ValueError(f"must be after term_start ({start.isoformat()}); fix one of them")
+        return v
+
+    @model_validator(mode="after")
+    def _reserved_terms(self) -> Self:
+        if self.purchase_type == PurchaseType.reserved:
+            missing = [
+                f for f in ("term_start", "term_end", "committed_gpus") if getattr(self, f) is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"a reserved pool needs {', '.join(missing)} (the contract's term and the "
+                    "GPUs paid for); add them"
+                )
+        return self
+
+
+class ClusterSpec(Spec):
+    name: Name
+    region: Name
+    endpoint: AnyHttpUrl | None = None
+    pools: list[Name] = Field(default_factory=list, description="Pools this cluster may draw on.")
+    cordoned: bool = Field(default=False, description="True: receives no new replicas.")
+
+    @field_validator("pools")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class ScheduleEntry(Spec):
+    days: list[Annotated[int, Field(ge=0, le=6)]] = Field(
+        default_factory=lambda: [0, 1, 2, 3, 4], description="0 = Monday."
+    )
+    start: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
+    end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
+    timezone: str = "UTC"
+    min_replicas: int = Field(ge=0)
+
+
+def _was(name: str, old: str) -> AliasChoices:
+    """Accept `old`, the spelling before one word per concept, as a deprecated alias."""
+    return AliasChoices(name, old)
+
+
+def _one_spelling(data: Any, deprecated: Mapping[str, str]) -> Any:
+    if isinstance(data, Mapping):
+        for old, new in deprecated.items():
+            if old in data and new in data:
+                raise ValueError(f"send only `{new}`: `{old}` is its deprecated spelling")
+    return data
+
+
+AUTOSCALING_DEPRECATED = {
+    "window_s": "window_seconds",
+    "scale_down_delay_s": "scale_down_delay_seconds",
+    "concurrency_target": "target_concurrency",
+    "scale_to_zero_idle_s": "scale_to_zero_idle_seconds",
+}
+PLACEMENT_DEPRECATED = {
+    "min_providers": "min_distinct_providers",
+    "min_regions": "min_distinct_regions",
+}
+
+
+class AutoscalingSpec(Spec):
+    """The knobs of each plane's autoscaler, spelled and defaulted as in the contract
+    (`contracts.AutoscalingPolicy`) that carries them to the agent."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=0, le=10_000)
+    window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        validation_alias=_was("window_seconds", "window_s"),
+        description="Load is averaged over this window. Deprecated alias: window_s.",
+    )
+    scale_down_delay_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        validation_alias=_was("scale_down_delay_seconds", "scale_down_delay_s"),
+        description="A lower count must hold this long before replicas are removed. "
+        "Deprecated alias: scale_down_delay_s.",
+    )
+    target_concurrency: float = Field(
+        default=8.0,
+        gt=0,
+        le=10_000,
+        validation_alias=_was("target_concurrency", "concurrency_target"),
+        description="Requests in flight per replica the autoscaler aims at; also the "
+        "router's per-replica limit. Deprecated alias: concurrency_target.",
+    )
+    scale_to_zero_idle_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        validation_alias=_was("scale_to_zero_idle_seconds", "scale_to_zero_idle_s"),
+        description="With min_replicas 0: no load for this long scales to zero. "
+        "Deprecated alias: scale_to_zero_idle_s.",
+    )
+    schedule: list[ScheduleEntry] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_both_spellings(cls, data: Any) -> Any:
+        return _one_spelling(data, AUTOSCALING_DEPRECATED)
+
+    @field_validator("max_replicas")
+    @classmethod
+    def _not_below_min(cls, v: int, info: ValidationInfo) -> int:
+        low = info.data.get("min_replicas")
+        if low is not None and v < low:
+            raise ValueError(
+                f"max_replicas ({v}) is below min_replicas ({low}); raise max_replicas or lower "
+                "min_replicas"
+            )
+        return v
+
+
+class PlacementSpec(Spec):
+    allowed_jurisdictions: list[str] = Field(
+        default_factory=list, description="ISO 3166 codes; empty: anywhere."
+    )
+    allowed_regions: list[Name] = Field(default_factory=list, description="Empty: any region.")
+    required_certifications: list[Certification] = Field(default_factory=list)
+    spot_allowed: bool = False
+    max_spot_fraction: float = Field(default=0.5, ge=0, le=1)
+    min_distinct_providers: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        validation_alias=_was("min_distinct_providers", "min_providers"),
+        description="Spread replicas over at least this many providers. "
+        "Deprecated alias: min_providers.",
+    )
+    min_distinct_regions: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        validation_alias=_was("min_distinct_regions", "min_regions"),
+        description="Spread replicas over at least this many regions. "
+        "Deprecated alias: min_regions.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_both_spellings(cls, data: Any) -> Any:
+        return _one_spelling(data, PLACEMENT_DEPRECATED)
+
+    @field_validator("allowed_jurisdictions")
+    @classmethod
+    def _iso(cls, v: list[str]) -> list[str]:
+        return sorted(set(_check_jurisdictions(v)))
+
+    @field_validator("allowed_regions", "required_certifications")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+class DeploymentSpec(Spec):
+    name: Name
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
+    model_revision: str = "main"
+    engine_image: str = "vllm/vllm-openai:v0.32.0"
+    engine_args: list[str] = Field(default_factory=list)
+    gpus_per_replica: int = Field(ge=1, le=64)
+    gpu_types: list[GpuTypeName] = Field(min_length=1, description="Acceptable GPU types.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
+    traffic: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="Where requests come from: region name → weight."
+    )
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _sorted_unique(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+
+REVISION_FIELDS = (
+    "model_id",
+    "model_revision",
+    "engine_image",
+    "engine_args",
+    "gpus_per_replica",
+    "gpu_types",
+)
+
+
+class Role(StrEnum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+
+class TokenSpec(Spec):
+    name: Name
+    role: Role
+    description: str | None = Field(default=None, max_length=255)
+    expires_at: datetime | None = None
