@@ -297,7 +297,7 @@ class Fleet:
     def _wait_for_port(self, child: Child) -> None:
         assert child.port is not None
         try:
-            wait_for_port(child.port, 30)
+            wait_for_port(child.port, 60)
         except TimeoutError as exc:
             raise UpError(
                 f"{child.name} did not open port {child.port}; see "
