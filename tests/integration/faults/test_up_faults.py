@@ -8,88 +8,16 @@ an outage can be made and ended at will; `up` ticks every second instead of ever
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
-from controlplane.local.ports import free_port_block
-from controlplane.local.postgres import EmbeddedPostgres
-from tests.integration.test_up import READY, Up, _naming, _wait_until
-
-
-class Fleet:
-    def __init__(self, up: Up, postgres: EmbeddedPostgres, ports: dict[str, int]) -> None:
-        self.up, self.postgres, self.ports = up, postgres, ports
-        token = re.search(r"admin token \(shown once, keep it\): (gpf_\S+)", up.output)
-        assert token, up.output
-        self.token = token[1]
-        self.api = httpx.Client(
-            base_url=up.api, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
-        )
-
-    def child(self, mark: str) -> psutil.Process:
-        """The child of `up` whose command line contains `mark`."""
-        kids = psutil.Process(self.up.proc.pid).children()
-        found = [p for p in kids if mark in " ".join(p.cmdline())]
-        assert len(found) == 1, [p.cmdline() for p in kids]
-        return found[0]
-
-    def says(self, text: str, timeout_s: float = 30) -> None:
-        self.up.wait_for(text, timeout_s)
-
-    def router_serves(self) -> bool:
-        """A plane's router answers from what it has (static stability)."""
-        url = f"http://127.0.0.1:{self.ports['router_base']}/v1/models"
-        return httpx.get(url, timeout=5).status_code == 200
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    first = free_port_block(9)
-    names = ("api", "postgres", "nats", "redis", "router_base")
-    ports = {name: first + i for i, name in enumerate(names)}
-    root = Path(tempfile.mkdtemp(prefix="gpufleet-faults-"))
-    postgres = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="gpufleet-faults-pg-")), first + 8)
-    postgres.init()
-    postgres.start()
-    postgres.create_database("gpufleet")
-    data_dir = root / "fleet"
-    up = Up(
-        data_dir,
-        ports,
-        {
-            "GPUFLEET_UP_STATUS_EVERY_S": "1",
-            "GPUFLEET_DATABASE_URL": postgres.url("gpufleet"),
-            "GPUFLEET_API_WORKERS": "2",
-        },
-    )
-    try:
-        up.wait_for(READY, 120)
-        yield Fleet(up, postgres, ports)
-    finally:
-        tree = up.processes() if up.proc.poll() is None else []
-        if up.proc.poll() is None:
-            up.proc.send_signal(signal.SIGINT)
-            try:
-                up.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                up.proc.kill()
-        for p in psutil.wait_procs(tree, timeout=10)[1]:
-            p.kill()
-        for p in _naming(data_dir):
-            p.kill()
-        postgres.destroy()
-        shutil.rmtree(root, ignore_errors=True)
+from tests.integration.faults.conftest import Fleet
+from tests.integration.test_up import _wait_until
 
 
 def test_killed_nats_is_restarted_and_leaves_no_zombie(fleet: Fleet) -> None:
