@@ -75,6 +75,14 @@ class Forbidden(ControlPlaneError):
     slug = "forbidden"
 
 
+class DatabaseUnavailable(ControlPlaneError):
+    """PostgreSQL does not answer; the request may be retried (nothing was changed)."""
+
+    status = 503
+    title = "Database unavailable"
+    slug = "database-unavailable"
+
+
 @dataclass
 class Problem:
     """RFC 9457 body."""

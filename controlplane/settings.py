@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     cluster_stale_after_s: float = 15.0
     cluster_down_after_s: float = 60.0
     load_demo_fleet: bool = True
+    up_status_every_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="`up` prints its status line and refreshes the NATS users this often",
+    )
 
 
 @lru_cache

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,6 +24,7 @@ from controlplane.db.session import make_engine, make_read_session_factory, make
 from controlplane.errors import (
     BadRequest,
     ControlPlaneError,
+    DatabaseUnavailable,
     FieldError,
     InvalidSpec,
     Problem,
@@ -71,6 +72,37 @@ def _on_integrity(request: Request, exc: Exception) -> JSONResponse:
         instance=str(request.url.path),
     )
     return JSONResponse(problem.to_json(), status_code=409, media_type=PROBLEM)
+
+
+RETRY_AFTER_S = 5
+
+
+def database_down_reason(exc: BaseException) -> str:
+    """One line on why PostgreSQL did not answer (the driver's first line: no secrets)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
+
+
+def _is_database_down(exc: Exception) -> bool:
+    return isinstance(exc, OperationalError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
+def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
+    if not _is_database_down(exc):
+        return _on_unexpected(request, exc)
+    log.warning("database unavailable on %s: %s", request.url.path, database_down_reason(exc))
+    response = _problem_response(
+        DatabaseUnavailable(
+            "the control plane's database is not answering; retry in a few seconds "
+            "(GET /readyz says when it is back)"
+        ),
+        request,
+    )
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
 
 
 def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -125,8 +157,13 @@ def _health_router() -> APIRouter:
             with request.app.state.session_factory() as session:
                 database_answers(session)
         except Exception as exc:
-            log.warning("readyz: database unreachable: %s", type(exc).__name__)
-            return JSONResponse({"status": "database unreachable"}, status_code=503)
+            reason = database_down_reason(exc)
+            log.warning("readyz: database unreachable: %s", reason)
+            return JSONResponse(
+                {"status": "database unreachable", "reason": reason},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         return JSONResponse({"status": "ready"})
 
     return router
@@ -174,6 +211,7 @@ def create_app(
     )
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(IntegrityError, _on_integrity)
+    app.add_exception_handler(DBAPIError, _on_database_error)
     app.add_exception_handler(Exception, _on_unexpected)
     app.include_router(_health_router())
     for router in [

@@ -30,6 +30,8 @@ class Page(Out, Generic[T]):
 
 class HealthOut(Out):
     status: str
+    reason: str | None = None
+    """Why it is not ready (e.g. the database driver's one-line error)."""
 
 
 # --- managed objects -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -44,12 +45,29 @@ def _without_kind(detail: str) -> str:
     return detail
 
 
+CONNECT_TIMEOUT_S = 3.0
+DEFAULT_TIMEOUT_S = 15.0
+"""How long the CLI waits for an answer; GPUFLEET_CLI_TIMEOUT (seconds) changes it."""
+
+
+def answer_timeout_s() -> float:
+    configured = os.environ.get("GPUFLEET_CLI_TIMEOUT", "")
+    try:
+        return float(configured) if configured else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise CliError(
+            f"GPUFLEET_CLI_TIMEOUT={configured!r} is not a number of seconds; set e.g. 30"
+        ) from None
+
+
 class Client:
-    def __init__(self, context: Context, timeout_s: float = 30.0) -> None:
+    def __init__(self, context: Context, timeout_s: float | None = None) -> None:
         self.url = context.url
+        self.timeout_s = answer_timeout_s() if timeout_s is None else timeout_s
         headers = {"Authorization": f"Bearer {context.token}"} if context.token else {}
         headers["User-Agent"] = "gpufleet-cli"
-        self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout_s)
+        timeout = httpx.Timeout(self.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.timeout_s))
+        self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -66,16 +84,27 @@ class Client:
                 f"cannot reach the control plane at {self.url}; is `gpufleet up` running? "
                 "(or set --url / GPUFLEET_URL, or run `gpufleet login`)"
             ) from exc
+        except httpx.ConnectTimeout as exc:
+            raise CliError(
+                f"the API at {self.url} did not accept a connection in "
+                f"{min(CONNECT_TIMEOUT_S, self.timeout_s):.0f} s; is the address right and "
+                "the control plane running?"
+            ) from exc
         except httpx.TimeoutException as exc:
-            raise CliError(f"the control plane at {self.url} did not answer in time") from exc
+            raise CliError(
+                f"the API at {self.url} did not answer in {self.timeout_s:.0f} s; it may be "
+                "overloaded or stopped (`gpufleet up` shows its status); set "
+                "GPUFLEET_CLI_TIMEOUT to wait longer"
+            ) from exc
         except httpx.HTTPError as exc:
             raise CliError(f"request to {self.url} failed: {exc}") from exc
         if response.status_code >= 400:
             prefix = f"{what}: " if what else ""
             message = prefix + problem_line(response)
             if response.status_code == 401:
-                message += (f"; run `gpufleet login --url {self.url} --token <token>` "
-                            "or set GPUFLEET_TOKEN")  # fmt: skip
+                message += (
+                    f"; run `gpufleet login --url {self.url} --token <token>` or set GPUFLEET_TOKEN"
+                )
             raise ApiError(message, response.status_code)
         return response
 

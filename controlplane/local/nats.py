@@ -71,17 +71,20 @@ class NatsServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self, timeout: float = 10.0) -> NatsServer:
-        """Start the server and wait until its port answers. Idempotent."""
-        if self.running:
-            return self
+    def command(self) -> list[str]:
+        """The server's command line (its store dir made); `up` supervises it as a child."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [nats_server_binary(), "-a", self.host, "-p", str(self.port)]
         if self.config_file is not None:
             # The file's jetstream block names the store dir (render it with store_dir).
-            cmd += ["-c", str(self.config_file)]
-        else:
-            cmd += ["-js", "-sd", str(self.store_dir)]
+            return [*cmd, "-c", str(self.config_file)]
+        return [*cmd, "-js", "-sd", str(self.store_dir)]
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        """Start the server and wait until its port answers. Idempotent."""
+        if self.running:
+            return self
+        cmd = self.command()
         log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=log)

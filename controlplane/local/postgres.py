@@ -129,6 +129,16 @@ class EmbeddedPostgres:
             if not exists:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
+    @property
+    def running(self) -> bool:
+        """Whether the postmaster named in postmaster.pid is alive (pg_ctl daemonizes it)."""
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
     def stop(self) -> None:
         if not (self.data_dir / "postmaster.pid").exists():
             return

@@ -37,12 +37,18 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 10.0) -> RedisServer:
+    def command(self) -> list[str]:
+        """The server's command line (its data dir made); `up` supervises it as a child."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-               "--dir", str(self.data_dir), "--save", "60 1", "--appendonly", "no",
-               "--logfile", str(self.data_dir / "redis.log")]  # fmt: skip
-        self.process = subprocess.Popen(cmd, start_new_session=True)
+        return [
+            redis_server_binary(),
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir)),
+            *("--save", "60 1", "--appendonly", "no"),
+            *("--logfile", str(self.data_dir / "redis.log")),
+        ]
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.process = subprocess.Popen(self.command(), start_new_session=True)
         try:
             wait_for_port(self.port, timeout_s)
         except TimeoutError as exc:

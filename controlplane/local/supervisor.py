@@ -22,9 +22,48 @@ class UpError(RuntimeError):
     """`up` cannot start; the message says what to change."""
 
 
+HEALTHY_AFTER_S = 60.0
+"""A child that ran this long before it exited starts again after the shortest backoff."""
+
+MAX_BACKOFF_S = 30.0
+
+
+def restart_delay(restarts: int) -> float:
+    """Backoff before the `restarts`-th restart in a row: 1, 2, 4 … 30 s."""
+    return min(MAX_BACKOFF_S, 0.5 * 2**restarts)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the process's whole group (it leads one: `start_new_session`), SIGKILL what is
+    left after `grace_s`. The group outlives its leader: a killed uvicorn master leaves its
+    workers serving in it, which this stops too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace_s)
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(grace_s)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process other than a zombie is still in the group (Linux /proc: a zombie
+    still counts for kill(2), and an orphan's zombie may wait long for its reaper)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                return True
+    return False
+
+
 @dataclass
 class Child:
-    """A supervised process: restarted with backoff when it exits unexpectedly."""
+    """A supervised process in a process group of its own: restarted with backoff when it
+    exits unexpectedly (what it left in its group is stopped first), stopped with its group."""
 
     name: str
     argv: list[str]
@@ -35,8 +74,9 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
+    started_at: float = 0.0
 
-    def start(self, base_env: dict[str, str], log_dir: Path) -> None:
+    def start(self, base_env: dict[str, str], log_dir: Path, now: float) -> None:
         log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self.process = subprocess.Popen(
@@ -49,24 +89,37 @@ class Child:
             )
         finally:
             log.close()
+        self.started_at = now
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def exited(self) -> bool:
+        """It was started and has exited (not yet reaped by `reap`)."""
+        return self.process is not None and self.process.poll() is not None
+
+    def reap(self, now: float, grace_s: float = 2.0) -> str:
+        """After an unexpected exit: stop what the process left in its group, and schedule
+        the restart (the backoff starts over after a healthy run). Returns what happened."""
+        proc = self.process
+        assert proc is not None
+        code = proc.returncode
+        stop_group(proc, grace_s)
+        self.process = None
+        if now - self.started_at >= HEALTHY_AFTER_S:
+            self.restarts = 0
+        self.restarts += 1
+        delay = restart_delay(self.restarts)
+        self.next_start = now + delay
+        return f"{self.name} exited ({code}); restarting in {delay:.0f} s"
+
     def stop(self, timeout_s: float = 10.0) -> None:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout_s)
+        stop_group(proc, timeout_s)
         self.process = None
         if self.after_stop is not None:
             self.after_stop()

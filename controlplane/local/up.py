@@ -8,6 +8,7 @@ adding a component is one entry there. Ctrl-C stops everything in reverse order.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -17,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.local.ports import port_is_free, wait_for_port
-from controlplane.local.postgres import EmbeddedPostgres
+from controlplane.local.postgres import EmbeddedPostgres, PostgresError
 from controlplane.local.secrets import Secrets, cluster_users
-from controlplane.local.supervisor import REPO, Child, DataDirLock, UpError, stop_recorded_replicas
+from controlplane.local.supervisor import (
+    MAX_BACKOFF_S,
+    REPO,
+    Child,
+    DataDirLock,
+    UpError,
+    stop_recorded_replicas,
+)
 from controlplane.settings import Settings
 
 FLEET = REPO / "infra" / "examples" / "fleet.yaml"
@@ -189,7 +197,12 @@ class Fleet:
         self.children: list[Child] = []
         self.env: dict[str, str] = {}
         self.secrets = Secrets(self.data_dir / "secrets")
-        self.nats: Any = None
+        self.servers: list[Child] = []
+        """Servers `up` started itself (NATS, Redis), supervised like the other children."""
+        self.nats: Child | None = None
+        self.postgres: EmbeddedPostgres | None = None
+        """PostgreSQL, when `up` started it: a daemon (pg_ctl), restarted if it dies."""
+        self.postgres_next_start = 0.0
         self.nats_users: dict[str, Any] = {}
 
     def start_servers(self) -> None:
@@ -225,14 +238,13 @@ class Fleet:
         if self.settings.nats_url:
             self.env["GPUFLEET_NATS_URL"] = self.settings.nats_url
             return
-        self.nats = NatsServer(
+        server = NatsServer(
             store_dir=self.data_dir / "nats",
             port=self.settings.nats_port,
             config_file=self.write_nats_config(),
-            log_file=self.log_dir / "nats.log",
-        ).start()
-        self.stops.append(self.nats.stop)
-        self.env["GPUFLEET_NATS_URL"] = self.nats.url
+        )
+        self.nats = self._start_server(Child("nats", server.command(), port=server.port))
+        self.env["GPUFLEET_NATS_URL"] = server.url
 
     def write_nats_config(self) -> Path:
         from controlplane.bus.credentials import render_server_config, write_server_config
@@ -249,11 +261,12 @@ class Fleet:
 
     def refresh_nats_users(self) -> str | None:
         """A cluster created while `up` runs needs its NATS user: rewrite and reload."""
-        if self.nats is None or self.nats.process is None:
+        if self.nats is None or not self.nats.alive:
             return None
         if cluster_users(self.env["GPUFLEET_DATABASE_URL"]).keys() == self.nats_users.keys():
             return None
         self.write_nats_config()
+        assert self.nats.process is not None
         self.nats.process.send_signal(signal.SIGHUP)
         return f"NATS reloaded with {len(self.nats_users)} cluster user(s)"
 
@@ -262,6 +275,7 @@ class Fleet:
         if server.init():
             self.say(f"initialised PostgreSQL in {server.data_dir}")
         server.start()
+        self.postgres = server
         self.stops.append(server.stop)
         server.create_database("gpufleet")
         return server.url("gpufleet")
@@ -269,59 +283,112 @@ class Fleet:
     def _start_redis(self) -> str:
         from controlplane.local.redis import RedisServer
 
-        server = RedisServer(self.data_dir / "redis", self.settings.redis_port).start()
-        self.stops.append(server.stop)
+        server = RedisServer(self.data_dir / "redis", self.settings.redis_port)
+        self._start_server(Child("redis", server.command(), port=server.port))
         return server.url + "/0"
+
+    def _start_server(self, child: Child) -> Child:
+        """Start a server `up` supervises like its other children, and wait for its port."""
+        child.start(self.env or dict(os.environ), self.log_dir, time.monotonic())
+        self.servers.append(child)
+        self._wait_for_port(child)
+        return child
+
+    def _wait_for_port(self, child: Child) -> None:
+        assert child.port is not None
+        try:
+            wait_for_port(child.port, 60)
+        except TimeoutError as exc:
+            raise UpError(
+                f"{child.name} did not open port {child.port}; see "
+                f"{self.log_dir / (child.name + '.log')}"
+            ) from exc
 
     def start_processes(self) -> None:
         self.children = processes(self.settings, self.secrets.clusters())
         for child in self.children:
-            child.start(self.env, self.log_dir)
+            child.start(self.env, self.log_dir, time.monotonic())
         for child in self.children:
             if child.port is not None:
-                try:
-                    wait_for_port(child.port, 30)
-                except TimeoutError as exc:
-                    raise UpError(
-                        f"{child.name} did not open port {child.port}; see "
-                        f"{self.log_dir / (child.name + '.log')}"
-                    ) from exc
+                self._wait_for_port(child)
 
     def supervise_once(self, now: float) -> list[str]:
-        """Restart children that died (exponential backoff); returns what happened."""
-        notes = []
-        for child in self.children:
-            if child.alive or now < child.next_start:
-                continue
-            if child.process is not None:
-                code = child.process.returncode
-                child.restarts += 1
-                delay = min(30.0, 0.5 * 2**child.restarts)
-                child.next_start = now + delay
-                child.process = None
-                notes.append(f"{child.name} exited ({code}); restarting in {delay:.0f} s")
-                continue
-            child.start(self.env, self.log_dir)
-            notes.append(f"{child.name} restarted")
+        """Restart children that exited (exponential backoff, reset after a healthy run);
+        returns what happened."""
+        notes = self._supervise_postgres(now)
+        for child in [*self.servers, *self.children]:
+            if child.exited:
+                notes.append(child.reap(now))
+            elif child.process is None and now >= child.next_start:
+                child.start(self.env, self.log_dir, now)
+                notes.append(f"{child.name} restarted")
         return notes
 
+    def _supervise_postgres(self, now: float) -> list[str]:
+        server = self.postgres
+        if server is None or server.running or now < self.postgres_next_start:
+            return []
+        self.postgres_next_start = now + MAX_BACKOFF_S  # pg_ctl start waits for it itself
+        try:
+            server.start()
+        except PostgresError as exc:
+            return [f"postgres is not running and did not restart: {exc}"]
+        return ["postgres was not running; restarted"]
+
     def status_line(self) -> str:
-        marks = " ".join(f"{c.name}{'✓' if c.alive else '✗'}" for c in self.children)
-        return f"[{time.strftime('%H:%M:%S')}] {marks}"
+        marks = (
+            [] if self.postgres is None else [f"postgres{'✓' if self.postgres.running else '✗'}"]
+        )
+        marks += [f"{c.name}{'✓' if c.alive else '✗'}" for c in [*self.servers, *self.children]]
+        return f"[{time.strftime('%H:%M:%S')}] {' '.join(marks)}"
 
     def stop(self) -> None:
-        for child in reversed(self.children):
+        for child in reversed([*self.servers, *self.children]):
             child.stop()
         for stop in reversed(self.stops):
             with contextlib.suppress(Exception):
                 stop()
 
 
+class Periodic:
+    """A job of the supervision loop that may fail while a dependency is down (the database,
+    say): a failure is said once and retried next time; never ends `up`."""
+
+    def __init__(self, what: str, job: Callable[[], str | None], every_s: float) -> None:
+        self.what = what
+        self.job = job
+        self.every_s = every_s
+        self.last = -math.inf
+        self.failing: str | None = None
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= self.every_s
+
+    def run(self, now: float) -> str | None:
+        self.last = now
+        try:
+            note = self.job()
+        except Exception as exc:  # a dependency down: say it once, keep supervising
+            first = self.failing is None
+            self.failing = _one_line(exc)
+            if not first:
+                return None
+            return f"{self.what} failed ({self.failing}); retrying every {self.every_s:.0f} s"
+        if self.failing is not None:
+            self.failing = None
+            return f"{self.what} works again" + (f"; {note}" if note else "")
+        return note
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def run_up(
     data_dir: Path | None = None,
     api_port: int | None = None,
     say: Callable[[str], None] = print,
-    status_every_s: float = 15.0,
 ) -> int:
     overrides: dict[str, Any] = {}
     if data_dir is not None:
@@ -354,16 +421,20 @@ def run_up(
         fleet.start_nats()
         fleet.start_processes()
         _announce(settings, token, say, data, list(fleet.secrets.clusters()))
-        last_status = 0.0
+        every = settings.up_status_every_s
+        jobs = [
+            Periodic(
+                "refreshing the NATS users from the database", fleet.refresh_nats_users, every
+            ),
+            Periodic("status", fleet.status_line, every),
+        ]
         while not stopping:
             now = time.monotonic()
-            for note in fleet.supervise_once(now):
-                say(note)
-            if now - last_status >= status_every_s and (note := fleet.refresh_nats_users()):
-                say(note)
-            if now - last_status >= status_every_s:
-                say(fleet.status_line())
-                last_status = now
+            notes = fleet.supervise_once(now)
+            notes += [job.run(now) for job in jobs if job.due(now)]
+            for note in notes:
+                if note:
+                    say(note)
             time.sleep(0.2)
         say("stopping…")
         return 0

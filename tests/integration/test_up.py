@@ -29,7 +29,9 @@ class Up:
 
     started: list[Up] = []  # every Up a test made, for the fixture's teardown
 
-    def __init__(self, data_dir: Path, ports: dict[str, int]) -> None:
+    def __init__(
+        self, data_dir: Path, ports: dict[str, int], extra_env: dict[str, str] | None = None
+    ) -> None:
         self.cli_config = data_dir.parent / "cli-config.yaml"
         env = {
             **os.environ,
@@ -39,12 +41,12 @@ class Up:
         env |= {f"GPUFLEET_{k.upper()}_PORT": str(v) for k, v in ports.items()}
         for key in ("GPUFLEET_DATABASE_URL", "GPUFLEET_NATS_URL", "GPUFLEET_REDIS_URL"):
             env.pop(key, None)
-        self.env = env
+        self.env = env | (extra_env or {})
         self.api = f"http://127.0.0.1:{ports['api']}"
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(data_dir)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         Up.started.append(self)
         self.lines: list[str] = []

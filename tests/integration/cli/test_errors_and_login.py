@@ -112,3 +112,32 @@ def test_login_verifies_and_writes_a_private_file(cli: Cli, tokens: dict[str, st
     pools = anonymous("get", "pools", "-o", "json")  # url and token from the file
     assert pools.exit_code == 0, pools.output
     assert json.loads(pools.output) == {"items": []}
+
+
+def test_a_frozen_control_plane_is_named_within_the_timeout(tmp_path: Path) -> None:
+    """The kernel accepts the connection but nothing ever answers (a SIGSTOPped API)."""
+    import socket
+    import time
+
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen()
+        url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        cli = Cli(url, "gpf_x", tmp_path / "config.yaml")
+        cli.env["GPUFLEET_CLI_TIMEOUT"] = "1"
+        started = time.monotonic()
+        result = cli("get", "pools")
+        waited = time.monotonic() - started
+    assert result.exit_code == 1
+    assert _one_line(result.output).startswith(
+        f"error: the API at {url} did not answer in 1 s; it may be overloaded or stopped"
+    )
+    assert waited < 5, f"waited {waited:.1f} s"
+
+
+def test_a_bad_timeout_setting_says_what_to_set(tmp_path: Path) -> None:
+    cli = Cli(f"http://127.0.0.1:{free_port()}", "gpf_x", tmp_path / "config.yaml")
+    cli.env["GPUFLEET_CLI_TIMEOUT"] = "soon"
+    result = cli("get", "pools")
+    assert result.exit_code == 1
+    assert "GPUFLEET_CLI_TIMEOUT='soon' is not a number of seconds" in result.output

@@ -1,0 +1,103 @@
+"""`up`'s supervision: a child's whole process group is stopped, the backoff starts over after
+a healthy run, a failing periodic job never ends `up`. Real processes, no services."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from controlplane.local.supervisor import HEALTHY_AFTER_S, Child, _group_alive
+from controlplane.local.up import Periodic
+
+# a leader that forks a worker into its own process group, like a uvicorn master
+LEADER = [
+    sys.executable,
+    "-c",
+    "import os, subprocess, sys, time\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "open(sys.argv[1], 'w').write(str(w.pid)); time.sleep(60)",
+]
+
+
+def _start_leader(tmp_path: Path) -> tuple[Child, int]:
+    pid_file = tmp_path / "worker.pid"
+    child = Child("api", [*LEADER, str(pid_file)])
+    child.start(dict(os.environ), tmp_path, now=0.0)
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    return child, int(pid_file.read_text())
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait long for its reaper here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_leader_takes_the_workers_it_left_with_it(tmp_path):
+    child, worker = _start_leader(tmp_path)
+    assert child.process is not None
+    pgid = child.process.pid
+    os.kill(pgid, signal.SIGKILL)  # the master dies; its worker would go on serving
+    child.process.wait(10)
+    assert child.exited and _group_alive(pgid)
+    note = child.reap(now=5.0)
+    assert note == "api exited (-9); restarting in 1 s"
+    assert not _group_alive(pgid)
+    assert not _running(worker), "the dead master's worker is still running"
+    assert child.next_start == 6.0
+
+
+def test_stop_stops_the_whole_group(tmp_path):
+    child, worker = _start_leader(tmp_path)
+    assert child.process is not None
+    pgid = child.process.pid
+    child.stop(timeout_s=5)
+    assert not _group_alive(pgid)
+    assert not _running(worker)
+
+
+def test_the_backoff_doubles_while_a_child_keeps_dying_and_resets_after_a_healthy_run(tmp_path):
+    child = Child("nats", [sys.executable, "-c", "raise SystemExit(3)"])
+    now = 0.0
+    delays = []
+    for _ in range(4):  # dies right after each start
+        child.start(dict(os.environ), tmp_path, now)
+        assert child.process is not None
+        child.process.wait(10)
+        child.reap(now)
+        delays.append(child.next_start - now)
+        now = child.next_start
+    assert delays == [1.0, 2.0, 4.0, 8.0]
+    child.start(dict(os.environ), tmp_path, now)  # this time it runs a healthy while
+    assert child.process is not None
+    child.process.wait(10)
+    child.reap(now + HEALTHY_AFTER_S)
+    assert child.next_start - (now + HEALTHY_AFTER_S) == 1.0
+
+
+def test_a_failing_job_is_said_once_and_its_recovery_too():
+    down = True
+
+    def refresh() -> str | None:
+        if down:
+            raise ConnectionRefusedError("connection to 127.0.0.1:5433 refused")
+        return None
+
+    job = Periodic("refreshing the NATS users from the database", refresh, every_s=1.0)
+    assert job.run(0.0) == (
+        "refreshing the NATS users from the database failed (ConnectionRefusedError: "
+        "connection to 127.0.0.1:5433 refused); retrying every 1 s"
+    )
+    assert not job.due(0.5) and job.due(1.0)
+    assert job.run(1.0) is None  # still down: nothing new to say
+    down = False
+    assert job.run(2.0) == "refreshing the NATS users from the database works again"
+    assert job.run(3.0) is None
