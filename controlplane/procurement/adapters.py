@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from controlplane.db.columns import pool_status
 from controlplane.db.models import Pool
 from controlplane.db.models import Provider as ProviderRow
 from providers.base import InvalidRequest, PoolRef, Provider, PurchaseType
@@ -86,8 +87,8 @@ class ProviderCache:
 def pool_ref(pool: Pool) -> PoolRef:
     """Where and how to buy for `pool` (instance type and zone from the refreshed offer when
     the pool does not name them)."""
-    offer = (pool.status or {}).get("offer") or {}
-    instance_type = pool.instance_type or offer.get("instance_type")
+    offer = pool_status(pool).offer
+    instance_type = pool.instance_type or (offer.instance_type if offer else None)
     if instance_type is None and pool.provider.kind == "local":
         instance_type = f"local-{pool.gpus_per_instance}gpu"
     if instance_type is None:
@@ -98,9 +99,7 @@ def pool_ref(pool: Pool) -> PoolRef:
     return PoolRef(
         name=pool.name,
         region=pool.region.code,
-        zone=offer.get("zone")
-        if pool.instance_type in (None, offer.get("instance_type"))
-        else None,
+        zone=offer.zone if offer and pool.instance_type in (None, offer.instance_type) else None,
         gpu_type=pool.gpu_type.name,
         instance_type=instance_type,
         purchase_type=PurchaseType(pool.purchase_type),

@@ -11,9 +11,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.db.columns import pool_status, set_status
 from controlplane.db.models import Instance, Pool
 from controlplane.procurement.core import ACTIVE, Policy
-from controlplane.procurement.store import event, update_status
+from controlplane.procurement.store import event
 
 
 def find_instance(session: Session, ref: str) -> Instance | None:
@@ -87,12 +88,12 @@ def note_unhealthy(
     bad = sum(1 for m in members if m.health == "unhealthy")
     share = bad / len(members) if members else 0.0
     outage = bad >= policy.outage_min_instances and share > policy.outage_share
-    if outage and not (pool.status or {}).get("outage"):
+    if outage and pool_status(pool).outage is None:
         why = (
             f"{bad} of {len(members)} instances unhealthy at once (more than "
             f"{policy.outage_share:.0%}): a provider outage, not a bad node"
         )
-        update_status(pool, outage={"since": now.isoformat(), "message": why})
+        set_status(pool, outage={"since": now.isoformat(), "message": why})
         event(
             session,
             "PoolOutageSuspected",
@@ -107,5 +108,5 @@ def note_unhealthy(
 
 def clear_outage(session: Session, pool_id: str) -> None:
     pool = session.get_one(Pool, pool_id, with_for_update={"of": Pool})
-    update_status(pool, outage=None)
+    set_status(pool, outage=None)
     event(session, "PoolOutageCleared", pool, f"pool {pool.name}: outage cleared")

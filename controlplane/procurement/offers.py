@@ -11,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.db.columns import pool_status, set_status
 from controlplane.db.models import Pool
-from controlplane.procurement.store import update_status
 from providers.base import Offer
 from providers.gpus import gpu_type as normalize_gpu
 
@@ -26,11 +26,11 @@ def record(session: Session, provider_id: str, offers: list[Offer], now: datetim
     for pool in session.scalars(select(Pool).where(Pool.provider_id == provider_id)):
         offer = _best_offer(pool, offers)
         if offer is None:
-            update_status(pool, offer={"available": False, "refreshed_at": at})
+            set_status(pool, offer={"available": False, "refreshed_at": at})
             continue
         gpi = offer.gpus_per_instance
         spot = offer.spot_price / gpi if offer.spot_price is not None else None
-        update_status(
+        set_status(
             pool,
             offer={
                 "instance_type": offer.instance_type,
@@ -54,7 +54,7 @@ def _spot_room(pool: Pool, available: bool) -> int | None:
         return None
     if not available:
         return 0
-    held = int((pool.status or {}).get("held_gpus", 0))
+    held = pool_status(pool).held_gpus
     return max(0, pool.quota_gpus - held) if pool.quota_gpus is not None else pool.gpus_per_instance
 
 

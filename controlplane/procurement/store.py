@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.db.columns import autoscaling_from
+from controlplane.db.columns import autoscaling_from, pool_status, set_status
 from controlplane.db.models import (
     Deployment,
     Event,
@@ -88,7 +88,7 @@ def plan_procurement(
         if row.state in ACTIVE:
             held[row.pool_id] += row.gpus
     for pool in pools:
-        update_status(
+        set_status(
             pool,
             held_gpus=held[pool.id],
             idle_reserved_gpus=decision.idle_reserved_gpus.get(pool.id),
@@ -129,12 +129,12 @@ def instance_view(row: Instance, busy: bool = False) -> InstanceView:
 
 def blocked_reason(pool: Pool, now: datetime) -> Blocked | None:
     """Why the pool gets no new instances now (its status), or None."""
-    status = pool.status or {}
-    if status.get("outage"):
+    status = pool_status(pool)
+    if status.outage is not None:
         return "outage"
     for reason, key in UNTIL.items():
-        until = status.get(key)
-        if until and datetime.fromisoformat(until) > now:
+        until: datetime | None = getattr(status, key)
+        if until is not None and until > now:
             return reason
     return None
 
@@ -187,18 +187,6 @@ def add_requested(session: Session, acquire: Acquire, gpus: int) -> list[Instanc
             session.add(existing[key])
     session.flush()
     return [existing[k] for k in keys]
-
-
-def update_status(pool: Pool, **values: Any) -> None:
-    """Merge `values` into pool.status (None deletes a key); writes only on change."""
-    status = dict(pool.status or {})
-    for key, value in values.items():
-        if value is None:
-            status.pop(key, None)
-        else:
-            status[key] = value
-    if status != (pool.status or {}):
-        pool.status = status
 
 
 def event(session: Session, type_: str, obj: Instance | Pool, message: str, **data: Any) -> None:
@@ -274,7 +262,7 @@ def record_failure(
     the pool and its rows; unless retried, the rows `failed` and the pool blocked."""
     pool = session.get_one(Pool, pool_id, with_for_update={"of": Pool})
     rows = [session.get_one(Instance, r, with_for_update=True) for r in row_ids]
-    update_status(
+    set_status(
         pool, last_error={"error": backoff.error, "message": str(exc), "at": now.isoformat()}
     )
     if backoff.retry:
@@ -293,7 +281,7 @@ def _block(
 ) -> None:
     when = until.isoformat()
     if block == "exhausted":
-        update_status(pool, exhausted_until=when)
+        set_status(pool, exhausted_until=when)
         event(
             session,
             "PoolExhausted",
@@ -304,16 +292,16 @@ def _block(
         )
     elif block == "quota_exceeded":
         why = {"message": str(exc), "at": now.isoformat(), "until": when}
-        update_status(pool, quota_until=when, quota_exceeded=why)
+        set_status(pool, quota_until=when, quota_exceeded=why)
         for dep in session.scalars(
             select(Deployment)
             .join(Placement, Placement.deployment_id == Deployment.id)
             .where(Placement.pool_id == pool.id)
         ):
-            dep.status = {
-                **(dep.status or {}),
-                "procurement": {"pool": pool.name, "reason": "quota_exceeded", "message": str(exc)},
-            }
+            set_status(
+                dep,
+                procurement={"pool": pool.name, "reason": "quota_exceeded", "message": str(exc)},
+            )
         event(
             session,
             "PoolQuotaExceeded",
@@ -322,7 +310,7 @@ def _block(
             until=when,
         )
     else:
-        update_status(pool, failing_until=when)
+        set_status(pool, failing_until=when)
         event(
             session,
             "ProcurementFailed",
