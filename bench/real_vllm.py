@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -54,6 +55,17 @@ class Server:
         if code is not None:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
             raise BenchFailed(f"{self.name} {how}")
+
+    def worker_death(self) -> str | None:
+        """vLLM's engine worker can die while its API server lives on (answering 500s)."""
+        found = re.search(
+            r"died unexpectedly \(exit code: (-?\d+)\)", self.log.read_text(errors="replace")
+        )
+        if found is None:
+            return None
+        code = int(found.group(1))
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+        return f"{self.name}'s engine worker {how}"
 
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace").splitlines()
@@ -196,6 +208,8 @@ async def main() -> int:
                     server.check_alive()
                 except BenchFailed as dead:
                     reason = f"{dead}; {reason}" if str(dead) not in reason else reason
+                death = server.worker_death()
+                reason = f"{death}; {reason}" if death else reason
                 print(f"--- last lines of {server.log}\n{server.tail()}")
             return finish(f"HEADLINE real vLLM: no figure ({reason}; logs in {LOGS}) —", False)
     direct, routed = statistics.median(r["direct"]), statistics.median(r["router"])
