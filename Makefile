@@ -32,10 +32,14 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest -q tests/integration
 
-bench: install vllm-env  # every script, then their headlines; fails if any target failed
-	@rm -f .bench-headlines; for b in bench/*.py; do echo "== $$b"; \
-	  $(BIN)/python $$b 2>&1 | tee .bench-last; tail -n 1 .bench-last >> .bench-headlines; done; \
-	  echo; echo "== headlines"; cat .bench-headlines; ! grep -q FAIL .bench-headlines
+# Every script, then their headlines (each script's last line). Fails if any script exits
+# non-zero: a FAIL headline, or a crash before it.
+bench: install vllm-env
+	@rm -f .bench-headlines; failed=0; for b in bench/*.py; do echo "== $$b"; \
+	  { $(BIN)/python $$b 2>&1; echo $$? > .bench-rc; } | tee .bench-last; rc=$$(cat .bench-rc); \
+	  if [ "$$rc" = 0 ]; then tail -n 1 .bench-last >> .bench-headlines; \
+	  else failed=1; echo "$$b exited $$rc: $$(tail -n 1 .bench-last)" >> .bench-headlines; fi; \
+	  done; echo; echo "== headlines"; cat .bench-headlines; test $$failed = 0
 
 lint: install
 	$(BIN)/ruff check .

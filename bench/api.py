@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,11 +51,19 @@ def uvicorn(target: list[str], env: dict[str, str]) -> Iterator[int]:
            "--no-access-log", "--log-level", "warning", "--workers", WORKERS]  # fmt: skip
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=Path(__file__).parents[1])
     try:
-        wait_for_port(port, 30)
+        wait_for_port(port, 60)  # slow to bind on two busy cores
         yield port
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def warm_up(port: int, make: Callable[[int], bytes]) -> None:
+    """One second of the same load first (imports, first queries, mapper set-up), repeated
+    (up to 10 times) until it answers without errors: the workers have all started."""
+    for _ in range(10):
+        if not run("127.0.0.1", port, make, CONNECTIONS, 1.0).errors:
+            return
 
 
 def seed(url: str) -> str:
@@ -92,6 +100,7 @@ def main() -> int:
         auth = {"Authorization": f"Bearer {token}"}
         env = {"GPUFLEET_DATABASE_URL": url}
         with uvicorn(["--factory", "controlplane.api.main:build_app"], env) as port:
+            warm_up(port, lambda i: http_request("GET", f"/api/v1/pools/pool-{i % POOLS}", auth))
             reads = run(
                 "127.0.0.1",
                 port,
@@ -106,6 +115,7 @@ def main() -> int:
 
             writes = run("127.0.0.1", port, write, CONNECTIONS, SECONDS)
         with uvicorn(["bench.support.bare_app:app"], {}) as port:
+            warm_up(port, lambda i: http_request("GET", "/doc", {}))
             bare = run(
                 "127.0.0.1", port, lambda i: http_request("GET", "/doc", {}), CONNECTIONS, SECONDS
             )

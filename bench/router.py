@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.support.headline import verdict
 from workloadplane.router.upstream import UpstreamError, UpstreamPool
 from workloadplane.runtime.process import free_port
 
@@ -190,7 +193,7 @@ def pct(load: Load) -> float:
     return 100.0 * load.failed / total if total else 0.0
 
 
-async def main() -> None:
+async def main() -> int:
     sim_procs, ports = sims(2)
     router_procs, ours, theirs = routers(ports)
     try:
@@ -230,8 +233,9 @@ async def main() -> None:
           f"replica {kill_failed} failed (target 0, vllm-router {killed['vllm-router'][0].failed}); "
           f"hung replica ejected in {ejected if ejected is not None else float('nan'):.2f} s, "
           f"{pct(hung_load):.2f} % failed (target <=2 s, <=0.5 %; vllm-router "
-          f"{pct(hung['vllm-router'][0]):.2f} %) — {'PASS' if all(checks) else 'FAIL'}")  # fmt: skip
+          f"{pct(hung['vllm-router'][0]):.2f} %) — {verdict(all(checks))}")  # fmt: skip
+    return 0 if all(checks) else 1
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

@@ -45,6 +45,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.support.headline import verdict
 from controlplane.db import models as m
 from controlplane.db.migrate import upgrade
 from controlplane.db.session import make_engine, make_session_factory, transaction
@@ -158,7 +159,7 @@ def p(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--instances", type=int, default=16)
@@ -254,9 +255,10 @@ def main() -> None:
         f"poll = {worst:.0f} ms worst), drills max {drill_decided:.0f} ms "
         f"(target ≤ {TARGET_S * 1000:.0f} ms, notice window 120 s); failed requests during "
         f"drain {failed} of {total} ({len(runs)} drills, one and two clusters, target 0) "
-        f"{'PASS' if ok else 'FAIL'}"
+        f"{verdict(ok)}"
     )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -88,8 +88,10 @@ class Policy:
 
     @property
     def effective_scale_down_delay(self) -> float:
-        # Shorter than the window, a load oscillating faster than the window flips the ceil
-        # of its mean across an integer and the replica count flaps.
+        """The delay the policy applies: ``scale_down_delay_seconds``, raised to the window
+        when shorter (docs/autoscaling.md, rule 6). Shorter than the window, a load
+        oscillating faster than the window flips the ceil of its mean across an integer and
+        the replica count flaps. A comparison with another autoscaler gives it this delay."""
         return max(self.scale_down_delay_seconds, self.window_seconds)
 
     def min_at(self, now: datetime) -> int:

@@ -182,8 +182,10 @@ class Engine:
             self._task = None
 
     def submit(self, request: SimRequest) -> None:
+        # No gauge update here: vLLM's scheduler stats are taken after each step's admission,
+        # so a request that the next step admits never shows in vllm:num_requests_waiting (an
+        # autoscaler scraping between would see a queue that is not there).
         self.waiting.append(request)
-        self._publish()
         self._wake.set()
 
     def abort(self, request: SimRequest) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from typing import Any, TypeVar
@@ -50,6 +51,13 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+def invalid_param(message: str, parameter: str | None = None, value: object = None) -> ApiError:
+    """vLLM's ``VLLMValidationError`` as its server renders it: 400 ``BadRequestError``, the
+    message followed by ``(parameter=…, value=…)`` for the parts it names."""
+    named = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value)) if v is not None]
+    return ApiError(f"{message} ({', '.join(named)})" if named else message, param=parameter)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -60,6 +68,15 @@ class _Request(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    # Sampling parameters: engine-sim ignores their effect but checks them as vLLM does.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
 
     def check(self, max_model_len: int) -> None:
         """vLLM's semantic checks, with its messages."""
@@ -69,20 +86,61 @@ class _Request(BaseModel):
                 param="stream_options",
             )
         wanted = self.requested_max_tokens()
-        if wanted is not None and wanted < 1:
-            raise ApiError(
-                f"max_tokens must be at least 1, got {wanted}. "
-                f"(parameter=max_tokens, value={wanted})",
-                param="max_tokens",
-            )
         if wanted is not None and wanted > max_model_len:
             raise ApiError(
                 f"max_tokens={wanted} cannot be greater than max_model_len={max_model_len}. "
                 f"Please request fewer output tokens. (parameter=max_tokens, value={wanted})",
                 param="max_tokens",
             )
+        self.check_sampling(wanted)
         if self.n != 1:
             raise ApiError("engine-sim generates one choice per prompt; set n to 1", param="n")
+
+    def check_sampling(self, max_tokens: int | None) -> None:
+        """vLLM 0.32's ``SamplingParams._verify_args``, in its order, with its messages; an
+        unset parameter takes vLLM's default, which passes."""
+        if self.n < 1:
+            raise invalid_param(f"n must be at least 1, got {self.n}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not -2.0 <= value <= 2.0:
+                raise invalid_param(f"{name} must be in [-2, 2], got {value}.")
+        rep = self.repetition_penalty
+        if rep is not None and not math.isfinite(rep):
+            raise invalid_param(f"repetition_penalty must be a finite number, got {rep}.")
+        if rep is not None and rep <= 0.0:
+            raise invalid_param(f"repetition_penalty must be greater than zero, got {rep}.")
+        t = self.temperature
+        if t is not None:
+            if not math.isfinite(t):
+                raise invalid_param(
+                    f"temperature must be a finite number, got {t}.", "temperature", t
+                )
+            if t < 0.0:
+                raise invalid_param(f"temperature must be non-negative, got {t}.", "temperature", t)
+            if t > 2.0:
+                raise invalid_param(f"temperature must be in [0, 2], got {t}.", "temperature", t)
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise invalid_param(f"top_p must be in (0, 1], got {self.top_p}.", "top_p", self.top_p)
+        if self.top_k is not None and self.top_k < -1:  # vLLM quietly accepts -1 as disabled
+            raise invalid_param(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise invalid_param(f"min_p must be in [0, 1], got {self.min_p}.")
+        if max_tokens is not None and max_tokens < 1:
+            raise invalid_param(
+                f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
+            )
+        if self.min_tokens < 0:
+            raise invalid_param(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}."
+            )
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise invalid_param(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {self.min_tokens}."
+            )
+        if any(not s for s in self.stops):
+            raise invalid_param("stop cannot contain an empty string.")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens

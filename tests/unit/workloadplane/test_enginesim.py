@@ -349,3 +349,19 @@ def _value(metrics: str, name: str) -> float:
 def test_config_refuses_a_kv_cache_smaller_than_one_sequence() -> None:
     with pytest.raises(ValueError, match="raise kv_blocks or lower max_model_len"):
         EngineConfig(kv_blocks=10, block_size=16, max_model_len=2048)
+
+
+async def test_a_request_the_next_step_admits_never_shows_as_waiting() -> None:
+    # vLLM takes its scheduler stats after each step's admission: an autoscaler scraping
+    # between a request's arrival and the next step must not see a waiting queue.
+    sim = make_sim(tokens_per_s=5.0)  # a step every 200 ms
+    async with client_for(sim) as http:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "ignore_eos": True}
+        task = asyncio.create_task(http.post("/v1/completions", json=body))
+        async with asyncio.timeout(1):
+            while not sim.engine.waiting:  # arrived; the next step is up to 200 ms away
+                await asyncio.sleep(0.001)
+        metrics = (await http.get("/metrics")).text
+        assert 'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0' in _sorted(metrics)
+        assert (await task).status_code == 200
+    await sim.engine.stop()

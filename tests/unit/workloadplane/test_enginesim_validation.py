@@ -1,0 +1,107 @@
+"""Engine simulator: sampling parameters are checked as vLLM 0.32 checks them
+(``SamplingParams._verify_args``), with its messages and its 400 error shape."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from openai import BadRequestError
+
+from tests.unit.workloadplane.test_enginesim import client_for, make_sim, openai_for
+from workloadplane.enginesim import Simulator
+
+ROUTES = {
+    "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": "tiny", "prompt": "hi"},
+}
+
+# (parameters, vLLM's message, vLLM's `param`)
+REJECTED: list[tuple[dict[str, Any], str, str | None]] = [
+    ({"temperature": -3}, "temperature must be non-negative, got -3.0. "
+     "(parameter=temperature, value=-3.0)", "temperature"),
+    ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5. "
+     "(parameter=temperature, value=2.5)", "temperature"),
+    ({"top_p": 0}, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)", "top_p"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5. (parameter=top_p, value=1.5)", "top_p"),
+    ({"top_k": -2}, "top_k must be 0 (disable), or at least 1, got -2.", None),
+    ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5.", None),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5.", None),
+    ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3.0.", None),
+    ({"repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0.0.", None),
+    ({"n": 0}, "n must be at least 1, got 0.", None),
+    ({"max_tokens": 0}, "max_tokens must be at least 1, got 0. "
+     "(parameter=max_tokens, value=0)", "max_tokens"),
+    ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1.", None),
+    ({"min_tokens": 9, "max_tokens": 4},
+     "min_tokens must be less than or equal to max_tokens=4, got 9.", None),
+    ({"stop": ["ok", ""]}, "stop cannot contain an empty string.", None),
+    # vLLM's order: n first, then the penalties, then temperature.
+    ({"n": 0, "temperature": -1}, "n must be at least 1, got 0.", None),
+    ({"presence_penalty": 3, "temperature": -1}, "presence_penalty must be in [-2, 2], got 3.0.",
+     None),
+]  # fmt: skip
+
+ACCEPTED: list[dict[str, Any]] = [
+    {"temperature": 0},
+    {"temperature": 2},
+    {"top_p": 1},
+    {"top_p": 0.01},
+    {"top_k": -1},
+    {"top_k": 0},
+    {"top_k": 40},
+    {"min_p": 0},
+    {"presence_penalty": -2, "frequency_penalty": 2},
+    {"repetition_penalty": 1.2},
+    {"min_tokens": 4, "max_tokens": 4},
+    {"temperature": None, "top_p": None, "top_k": None},
+]
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Simulator]:
+    s = make_sim()
+    yield s
+    await s.engine.stop()
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize(("params", "message", "param"), REJECTED)
+async def test_invalid_sampling_parameters_get_vllms_400(
+    sim: Simulator, route: str, params: dict[str, Any], message: str, param: str | None
+) -> None:
+    async with client_for(sim) as http:
+        response = await http.post(route, json=ROUTES[route] | params)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    }
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("params", ACCEPTED)
+async def test_valid_sampling_parameters_are_served(
+    sim: Simulator, route: str, params: dict[str, Any]
+) -> None:
+    async with client_for(sim) as http:
+        response = await http.post(route, json=ROUTES[route] | {"max_tokens": 4} | params)
+    assert response.status_code == 200, response.text
+
+
+async def test_streaming_request_is_refused_before_any_event(sim: Simulator) -> None:
+    async with client_for(sim) as http:
+        response = await http.post(
+            "/v1/chat/completions",
+            json=ROUTES["/v1/chat/completions"] | {"stream": True, "temperature": -3},
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "temperature"
+
+
+async def test_openai_sdk_raises_bad_request_for_a_negative_temperature(sim: Simulator) -> None:
+    client = openai_for(sim)
+    with pytest.raises(BadRequestError, match="temperature must be non-negative"):
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=-3
+        )
