@@ -130,23 +130,12 @@ class Autoscaler:
         self._rules: dict[str, tuple[list[ScheduleWindow], tuple[ScheduleRule, ...]]] = {}
         self._phases: dict[str, ReplicaState] = {}
         self._beyond: dict[str, int] = {}
-        self._woken: set[str] = set()
-        self._wake = asyncio.Event()
 
     # --- waking -----------------------------------------------------------------------------
-    def wake(self, deployment: str) -> None:
-        """Decide for ``deployment`` now (the router queued a request while it is at zero)."""
-        self._woken.add(deployment)
-        self._wake.set()
-
     async def woken(self, timeout: float) -> set[str]:
-        """Deployments woken so far; waits up to ``timeout`` seconds for one if none is."""
-        if not self._woken:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, timeout))
-        out, self._woken = self._woken, set()
-        return out
+        """Deployments the router queued a request for while they had no ready or starting
+        replica; waits up to ``timeout`` seconds for one if none is."""
+        return await self.router.scale_from_zero.take(timeout)
 
     async def run(self, interval: float,
                   tick: Callable[[set[str] | None], Awaitable[None]]) -> None:  # fmt: skip
@@ -257,8 +246,7 @@ class Autoscaler:
 
     # --- gauges -----------------------------------------------------------------------------
     async def scrape_once(self) -> None:
-        backends = [b for b in self.router.backends.values()
-                    if b.state == "ready" and not b.health.ejected]  # fmt: skip
+        backends = [b for b in self.router.backends.values() if b.routable]
         texts = await asyncio.gather(*(_fetch(b, self.scrape_interval / 2) for b in backends))
         now = self.clock()
         for backend, text in zip(backends, texts, strict=True):

@@ -33,9 +33,9 @@ def bus() -> None:
 @app.command(context_settings=PASSTHROUGH)
 def agent(ctx: typer.Context) -> None:
     """Run a workload-plane agent: gpufleet agent --cluster NAME [--nats-url …] (--help for all)."""
-    from workloadplane.agent import main
+    from workloadplane.cli import agent_main
 
-    raise typer.Exit(main(list(ctx.args)))
+    agent_main(list(ctx.args))
 
 
 @app.command("engine-sim", context_settings=PASSTHROUGH)

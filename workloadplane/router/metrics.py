@@ -65,6 +65,10 @@ class RouterMetrics:
             counter = self._codes[deployment, code] = self.requests.labels(deployment, code)
         counter.inc()
 
+    def ejected(self, deployment: str, replica_id: str) -> None:
+        """Count a replica's ejection (by a failed request or a failed probe)."""
+        self.ejections.labels(deployment, replica_id).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

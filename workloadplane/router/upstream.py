@@ -149,6 +149,7 @@ class Response:
 
     def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
         self._pool, self._conn = pool, conn
+        self._released = False
         self.status = conn.status
         self.headers = conn.headers
 
@@ -158,8 +159,17 @@ class Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._conn.body()])
 
+    def discard(self) -> None:
+        """Close the connection without reading the body: the response is not wanted."""
+        self._released = True
+        self._conn.close()
+
     def release(self) -> None:
-        """Give the connection back if the response was read to the end, else close it."""
+        """Give the connection back if the response was read to the end, else close it.
+        Once: a second call does nothing."""
+        if self._released:
+            return
+        self._released = True
         if self._conn.reusable:
             self._pool.put_back(self._conn)
         else:
@@ -172,6 +182,8 @@ class UpstreamPool:
     def __init__(self, host: str, port: int, *, max_idle: int = 256) -> None:
         self.host, self.port, self.max_idle = host, port, max_idle
         self._idle: list[_Connection] = []
+        self.connections_opened = 0
+        """New connections made so far (keep-alive works when this stays low)."""
         self._host_header = f"{host}:{port}".encode()
 
     async def _connect(self, conn: _Connection, timeout: float) -> _Connection:
@@ -230,6 +242,7 @@ class UpstreamPool:
                     raise
                 # a keep-alive connection the replica had closed: try a fresh one
         conn = _Connection()
+        self.connections_opened += 1
         if on_abortable is not None:  # also while connecting: ejection must reach it
             on_abortable(conn.abort)
         await self._connect(conn, connect_timeout)

@@ -54,6 +54,9 @@ class InMemoryRuntime:
                     )
         return list(self._replicas.values())
 
+    async def close(self, *, stop_replicas: bool = True) -> None:
+        """Nothing is held (``ClosableRuntime``): the replicas vanish with the process."""
+
     def set_state(self, replica_id: str, state: str) -> None:
         """Test hook: force a replica into a state (e.g. ``failed``)."""
         self._replicas[replica_id] = self._replicas[replica_id].model_copy(update={"state": state})

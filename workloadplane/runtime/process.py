@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from controlplane.contracts import ReplicaState, ReplicaStatus, RevisionSpec, utcnow
+from workloadplane.runtime.base import InFlightCounter, ReplicaWatcher
 from workloadplane.runtime.gpus import GpuAllocator
 from workloadplane.runtime.templates import CommandTemplate
 
@@ -89,16 +90,19 @@ class ProcessRuntime:
         config: ProcessConfig | None = None,
         gpus: GpuAllocator | None = None,
         clock: Callable[[], float] = time.monotonic,
+        watcher: ReplicaWatcher | None = None,
+        in_flight: InFlightCounter | None = None,
     ) -> None:
+        """``watcher`` is told of every state change (the plane's router and reconcile
+        loop follow at once); ``in_flight`` is what a drain waits on to reach 0 (the
+        router's counts; without one a drain stops the replica at once)."""
         self.template = template
         self.state_dir = Path(state_dir)
         self.config = config or ProcessConfig()
         self.gpus = gpus or GpuAllocator.for_this_machine()
         self.clock = clock
-        self.in_flight: Callable[[str], int] = lambda _rid: 0
-        """Requests the router has in flight on a replica (set by the agent's wiring)."""
-        self.on_change: Callable[[list[ReplicaStatus]], None] = lambda _replicas: None
-        """Called with the replica list whenever a replica changes state or goes away."""
+        self._watcher = watcher
+        self._in_flight = in_flight
         self._replicas: dict[str, _Replica] = {}
         self._failures: dict[str, int] = {}
         self._seq = 0
@@ -140,7 +144,7 @@ class ProcessRuntime:
         self._replicas.pop(replica_id, None)
         self.gpus.release(replica.gpus)
         self._save()
-        self.on_change(self._statuses())
+        self._changed()
 
     async def drain(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)
@@ -268,7 +272,7 @@ class ProcessRuntime:
 
     async def _drain(self, replica: _Replica) -> None:
         deadline = self.clock() + self.config.drain_timeout_s
-        while self.in_flight(replica.replica_id) > 0 and self.clock() < deadline:
+        while self._requests_on(replica.replica_id) > 0 and self.clock() < deadline:
             await asyncio.sleep(0.1)
         await self.stop(replica.replica_id)
 
@@ -293,7 +297,14 @@ class ProcessRuntime:
     def _set(self, replica: _Replica, state: ReplicaState) -> None:
         replica.state = state
         self._save()
-        self.on_change(self._statuses())
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._watcher is not None:
+            self._watcher.replicas_changed(self._statuses())
+
+    def _requests_on(self, replica_id: str) -> int:
+        return self._in_flight.replica_in_flight(replica_id) if self._in_flight is not None else 0
 
     # --- persistence / adoption -------------------------------------------------------------
     @property
