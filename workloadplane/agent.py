@@ -183,10 +183,12 @@ class Agent:
             self.applied_generation = desired.generation
             self._emit(
                 DesiredStateApplied(
-                    cluster=self.cluster, source=self.source, time=self.clock(),
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
                     generation=desired.generation,
                 )
-            )  # fmt: skip
+            )
         for fact in transitions:
             self._emit(fact)
 
@@ -243,22 +245,37 @@ class Agent:
                 except Exception:
                     log.exception("draining %s failed; reconcile retries", replica_id)
         # HOLD while failed starts back off: start nothing until the backoff ends
-        wanted = (decision.current_replicas if decision.action is ScaleAction.HOLD
-                  else decision.desired_replicas)  # fmt: skip
+        wanted = (
+            decision.current_replicas
+            if decision.action is ScaleAction.HOLD
+            else decision.desired_replicas
+        )
         before, self.wanted[name] = self.wanted.get(name), wanted
         if before is not None and before != wanted:  # an event upstream, not only a log line
             self._emit(
-                ReplicasScaled(cluster=self.cluster, source=self.source, time=self.clock(),
-                               deployment=name, from_replicas=before, to_replicas=wanted,
-                               reason=decision.reason, panic=decision.panic)
-            )  # fmt: skip
+                ReplicasScaled(
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
+                    deployment=name,
+                    from_replicas=before,
+                    to_replicas=wanted,
+                    reason=decision.reason,
+                    panic=decision.panic,
+                )
+            )
         assert self.autoscaler is not None
         if self.autoscaler.newly_beyond_max(name):
             self._emit(
-                CapacityExhausted(cluster=self.cluster, source=self.source, time=self.clock(),
-                                  deployment=name, wanted=decision.unconstrained_desired,
-                                  reason=f"autoscaler: {decision.reason}")
-            )  # fmt: skip
+                CapacityExhausted(
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
+                    deployment=name,
+                    wanted=decision.unconstrained_desired,
+                    reason=f"autoscaler: {decision.reason}",
+                )
+            )
         return before != wanted
 
     async def autoscale_loop(self, interval: float = 1.0) -> None:
@@ -273,9 +290,10 @@ class Agent:
             for kind, replica in replica_transitions(self._known, replicas):
                 fact_type = ReplicaStarted if kind == "started" else ReplicaFailed
                 facts.append(
-                    fact_type(cluster=self.cluster, source=self.source, time=self.clock(),
-                              replica=replica)
-                )  # fmt: skip
+                    fact_type(
+                        cluster=self.cluster, source=self.source, time=self.clock(), replica=replica
+                    )
+                )
         self._known = {r.replica_id: r.state for r in replicas}
         return facts
 
@@ -289,13 +307,20 @@ class Agent:
                     wish = self.wanted.get(d.name)
                     demand = wish if wish is not None else target_replicas(d, None)
                 in_flight, queued = self.router.load(d.name) if self.router else (0, 0)
-                deployments.append(DeploymentObserved(name=d.name, demand=demand,
-                                                      in_flight=in_flight, queue_depth=queued))  # fmt: skip
+                deployments.append(
+                    DeploymentObserved(
+                        name=d.name, demand=demand, in_flight=in_flight, queue_depth=queued
+                    )
+                )
         return ObservedState(
-            cluster=self.cluster, source=self.source, time=self.clock(),
-            observed_generation=self.applied_generation, agent_version=AGENT_VERSION,
-            replicas=replicas, deployments=deployments,
-        )  # fmt: skip
+            cluster=self.cluster,
+            source=self.source,
+            time=self.clock(),
+            observed_generation=self.applied_generation,
+            agent_version=AGENT_VERSION,
+            replicas=replicas,
+            deployments=deployments,
+        )
 
     async def reconcile_loop(self, interval: float) -> None:
         while True:
@@ -336,8 +361,9 @@ async def serve(
 ) -> None:
     """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None);
     with ``router_address`` (and ``agent.router``) also serve the plane's router there."""
-    bus = AgentBus(agent.cluster, nats_url, credentials, agent.on_desired,
-                   resync_interval=resync_interval)  # fmt: skip
+    bus = AgentBus(
+        agent.cluster, nats_url, credentials, agent.on_desired, resync_interval=resync_interval
+    )
     agent.bus = bus
     await bus.start()
     loops = [
@@ -351,8 +377,11 @@ async def serve(
         from workloadplane.router.server import serve_router
 
         host, port = router_address
-        tasks.append(asyncio.create_task(serve_router(agent.router, host, port, router_stop),
-                                         name="agent-router"))  # fmt: skip
+        tasks.append(
+            asyncio.create_task(
+                serve_router(agent.router, host, port, router_stop), name="agent-router"
+            )
+        )
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
@@ -398,10 +427,15 @@ async def run_agent(
         drain_lead=drain_lead,
     )
     await serve(
-        agent, nats_url, credentials, heartbeat_interval=heartbeat_interval,
-        reconcile_interval=reconcile_interval, resync_interval=resync_interval, stop=stop,
+        agent,
+        nats_url,
+        credentials,
+        heartbeat_interval=heartbeat_interval,
+        reconcile_interval=reconcile_interval,
+        resync_interval=resync_interval,
+        stop=stop,
         router_address=router_address,
-    )  # fmt: skip
+    )
     return agent
 
 

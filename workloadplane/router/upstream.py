@@ -58,8 +58,12 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self._done:
-            self._fail(UpstreamError(f"connection lost: {exc or 'closed by replica'}",
-                                     before_first_byte=not self._got_bytes))  # fmt: skip
+            self._fail(
+                UpstreamError(
+                    f"connection lost: {exc or 'closed by replica'}",
+                    before_first_byte=not self._got_bytes,
+                )
+            )
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
@@ -193,8 +197,9 @@ class UpstreamPool:
                 loop.create_connection(lambda: conn, self.host, self.port), timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamError(f"connect to {self.host}:{self.port} failed: {exc!r}",
-                                before_first_byte=True) from exc  # fmt: skip
+            raise UpstreamError(
+                f"connect to {self.host}:{self.port} failed: {exc!r}", before_first_byte=True
+            ) from exc
         return conn
 
     def put_back(self, conn: _Connection) -> None:
@@ -248,8 +253,13 @@ class UpstreamPool:
         await self._connect(conn, connect_timeout)
         return await self._exchange(conn, raw, head_timeout, on_abortable)
 
-    async def _exchange(self, conn: _Connection, raw: bytes, head_timeout: float | None,
-                        on_abortable: Callable[[Abort], None] | None) -> Response:  # fmt: skip
+    async def _exchange(
+        self,
+        conn: _Connection,
+        raw: bytes,
+        head_timeout: float | None,
+        on_abortable: Callable[[Abort], None] | None,
+    ) -> Response:
         head = conn.begin(raw)
         if on_abortable is not None:
             on_abortable(conn.abort)

@@ -30,9 +30,13 @@ class InMemoryRuntime:
     ) -> ReplicaStatus:
         replica_id = f"{deployment}-{spec.revision}-{next(self._ids)}"
         replica = ReplicaStatus(
-            replica_id=replica_id, deployment=deployment, revision=spec.revision,
-            state="starting", pool=pool, instance=instance,
-        )  # fmt: skip
+            replica_id=replica_id,
+            deployment=deployment,
+            revision=spec.revision,
+            state="starting",
+            pool=pool,
+            instance=instance,
+        )
         self._replicas[replica_id] = replica
         self.started += 1
         return replica

@@ -69,10 +69,16 @@ class _Replica:
     task: asyncio.Task[None] | None = None
 
     def status(self, host: str) -> ReplicaStatus:
-        return ReplicaStatus(replica_id=self.replica_id, deployment=self.deployment,
-                             revision=self.spec.revision, state=self.state,
-                             endpoint=f"http://{host}:{self.port}", started_at=self.started_at,
-                             pool=self.pool, instance=self.instance)  # fmt: skip
+        return ReplicaStatus(
+            replica_id=self.replica_id,
+            deployment=self.deployment,
+            revision=self.spec.revision,
+            state=self.state,
+            endpoint=f"http://{host}:{self.port}",
+            started_at=self.started_at,
+            pool=self.pool,
+            instance=self.instance,
+        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -189,18 +195,28 @@ class ProcessRuntime:
     async def _launch(self, replica: _Replica) -> None:
         cache_dir = self.state_dir / "cache"
         argv, env = self.template.render(
-            {"host": self.config.host, "port": str(replica.port), "model_id": replica.spec.model_id,
-             "deployment": replica.deployment, "revision": replica.spec.revision,
-             "replica_id": replica.replica_id, "cache_dir": str(cache_dir)},
+            {
+                "host": self.config.host,
+                "port": str(replica.port),
+                "model_id": replica.spec.model_id,
+                "deployment": replica.deployment,
+                "revision": replica.spec.revision,
+                "replica_id": replica.replica_id,
+                "cache_dir": str(cache_dir),
+            },
             replica.spec.engine_args,
-        )  # fmt: skip
+        )
         full_env = {**os.environ, **env, **self.gpus.env(replica.gpus)}
         logfile = open(self.state_dir / "logs" / f"{replica.replica_id}.log", "ab")  # noqa: SIM115
         try:
             replica.proc = await asyncio.create_subprocess_exec(
-                *argv, env=full_env, stdin=asyncio.subprocess.DEVNULL, stdout=logfile,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                *argv,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             logfile.close()
         replica.pid = replica.proc.pid
@@ -312,10 +328,21 @@ class ProcessRuntime:
         return self.state_dir / "replicas.json"
 
     def _save(self) -> None:
-        rows = [{"replica_id": r.replica_id, "deployment": r.deployment, "spec": r.spec.model_dump(),
-                 "port": r.port, "gpus": r.gpus, "pid": r.pid, "started_at": r.started_at.isoformat(),
-                 "pool": r.pool, "instance": r.instance}
-                for r in self._replicas.values() if r.pid is not None and r.state != "failed"]  # fmt: skip
+        rows = [
+            {
+                "replica_id": r.replica_id,
+                "deployment": r.deployment,
+                "spec": r.spec.model_dump(),
+                "port": r.port,
+                "gpus": r.gpus,
+                "pid": r.pid,
+                "started_at": r.started_at.isoformat(),
+                "pool": r.pool,
+                "instance": r.instance,
+            }
+            for r in self._replicas.values()
+            if r.pid is not None and r.state != "failed"
+        ]
         tmp = self._record.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
         tmp.replace(self._record)
@@ -335,9 +362,17 @@ class ProcessRuntime:
             pid = row.get("pid")
             if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
                 continue
-            replica = _Replica(row["replica_id"], row["deployment"],
-                               RevisionSpec.model_validate(row["spec"]), row["port"], row["gpus"],
-                               row.get("pool"), row.get("instance"), pid=pid, started_at=datetime.fromisoformat(row["started_at"]))  # fmt: skip
+            replica = _Replica(
+                row["replica_id"],
+                row["deployment"],
+                RevisionSpec.model_validate(row["spec"]),
+                row["port"],
+                row["gpus"],
+                row.get("pool"),
+                row.get("instance"),
+                pid=pid,
+                started_at=datetime.fromisoformat(row["started_at"]),
+            )
             self.gpus.take(replica.gpus)
             self._replicas[replica.replica_id] = replica
             replica.task = asyncio.create_task(
