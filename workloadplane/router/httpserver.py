@@ -104,9 +104,9 @@ class _Connection(asyncio.Protocol):
             elif self.task is not None:
                 self._keep_alive = False
             else:
-                self._abort(_BAD_REQUEST)
+                self.abort(_BAD_REQUEST)
         except httptools.HttpParserError:
-            self._abort(_BAD_REQUEST)
+            self.abort(_BAD_REQUEST)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -178,7 +178,7 @@ class _Connection(asyncio.Protocol):
         if not self._finished and not self.closed:  # failed, or no whole response
             log.error("no whole response to %s %s", scope["method"], scope["path"])
             wrote = self._started and not self._head
-            self._abort(b"" if wrote else _SERVER_ERROR)
+            self.abort(b"" if wrote else _SERVER_ERROR)
         self.task = None
         if self.closed:
             return
@@ -257,7 +257,8 @@ class _Connection(asyncio.Protocol):
             self._continue_owed = False
             self.transport.write(_CONTINUE)
 
-    def _abort(self, response: bytes) -> None:
+    def abort(self, response: bytes) -> None:
+        """Write ``response`` (if any) and close the connection now."""
         if self.transport is not None and not self.closed:
             if response:
                 self.transport.write(response)
@@ -275,7 +276,7 @@ class _Connection(asyncio.Protocol):
 
     def close_if_idle(self) -> bool:
         if self.task is None and not self.pending:
-            self._abort(b"")
+            self.abort(b"")
             return True
         return False
 
@@ -323,4 +324,4 @@ class HttpServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*late, return_exceptions=True)
         for conn in list(self.connections):
-            conn._abort(b"")
+            conn.abort(b"")

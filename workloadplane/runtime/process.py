@@ -168,6 +168,16 @@ class ProcessRuntime:
         self._adopt()
         return self._statuses()
 
+    def pid(self, replica_id: str) -> int | None:
+        """The replica's server process (None if it is gone or not launched yet)."""
+        replica = self._replicas.get(replica_id)
+        return replica.pid if replica is not None else None
+
+    def state(self, replica_id: str) -> ReplicaState | None:
+        """The replica's state now, or None once it is gone (stopped, drained away)."""
+        replica = self._replicas.get(replica_id)
+        return replica.state if replica is not None else None
+
     def _statuses(self) -> list[ReplicaStatus]:
         return [r.status(self.config.host) for r in self._replicas.values()]
 

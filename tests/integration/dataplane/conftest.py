@@ -68,7 +68,7 @@ class Plane:
                 await asyncio.sleep(0.05)
 
     def pid(self, replica_id: str) -> int:
-        pid = self.runtime._replicas[replica_id].pid
+        pid = self.runtime.pid(replica_id)
         assert pid is not None
         return pid
 
