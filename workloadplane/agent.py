@@ -1,26 +1,23 @@
-"""Workload-plane agent: the composition root (``gpufleet agent --cluster NAME``).
+"""Workload-plane agent (``gpufleet agent --cluster NAME``, built in ``workloadplane/cli.py``).
 
-Wires the bus, the on-disk desired state, the pure reconcile, a Runtime and (with a router)
-the local autoscaler. Loops: reconcile (on every newer desired generation and every
-``reconcile_interval``), heartbeat (every ``heartbeat_interval``), autoscale (every
-``autoscale_interval`` and at once when a request waits for a deployment at zero). NATS or the control plane being unreachable never stops
-it: it keeps reconciling against the last snapshot it persisted (static stability).
+Holds the bus, the on-disk desired state, the pure reconcile, a Runtime and (with a router)
+the local autoscaler, each passed in or built in the constructor. Loops: reconcile (on every
+newer desired generation, every replica change and every ``reconcile_interval``), heartbeat
+(every ``heartbeat_interval``), autoscale (every ``autoscale_interval`` and at once when a
+request waits for a deployment at zero). NATS or the control plane being unreachable never
+stops it: it keeps reconciling against the last snapshot it persisted (static stability).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
-import signal
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from controlplane.contracts import (
     CapacityExhausted,
@@ -62,8 +59,27 @@ AGENT_VERSION = "0.1.0"
 Clock = Callable[[], datetime]
 
 
+class ReplicaChanges:
+    """What the plane does when a runtime reports a replica change (a ``ReplicaWatcher``):
+    the router follows at once (a draining replica gets no new request) and the agent's
+    reconcile loop wakes. Built before the runtime and the agent and given to both, so that
+    neither is wired to the other after construction. ``wake`` is the agent's wake-up (also
+    set by a newer desired state and by autoscaling decisions)."""
+
+    def __init__(self, router: Router | None = None) -> None:
+        self.router = router
+        self.wake = asyncio.Event()
+
+    def replicas_changed(self, replicas: list[ReplicaStatus]) -> None:
+        if self.router is not None:
+            self.router.set_replicas(replicas)
+        self.wake.set()
+
+
 class Agent:
-    """State and decisions of one cluster's agent; the bus and runtime are injected."""
+    """State and decisions of one cluster's agent; the runtime, store and router are
+    injected. ``changes``: what the runtime reports to (built from ``router`` if omitted,
+    for runtimes that report nothing)."""
 
     def __init__(
         self,
@@ -73,8 +89,11 @@ class Agent:
         *,
         clock: Clock = utcnow,
         router: Router | None = None,
+        changes: ReplicaChanges | None = None,
         drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
     ) -> None:
+        if changes is not None and changes.router is not router:
+            raise ValueError("changes must follow the agent's own router: ReplicaChanges(router)")
         self.cluster = cluster
         self.drain_lead = drain_lead
         """How long before a draining instance's deadline its replicas drain, ready
@@ -89,18 +108,15 @@ class Agent:
         self.wanted: dict[str, int] = {}
         """Replica counts the local autoscaler wants, per deployment (reconcile clamps them
         into the quota)."""
-        self.autoscaler: Autoscaler | None = None
+        self.autoscaler = Autoscaler(router, clock) if router is not None else None
         """Runs with a router only: without one there is no load to scale on."""
-        if router is not None:
-            self.autoscaler = Autoscaler(router, clock)
-            router.on_queued_at_zero = self.autoscaler.wake
         self.bus: AgentBus | None = None
         self._known: dict[str, ReplicaState] | None = None
         self._lock = asyncio.Lock()
         self._act_lock = asyncio.Lock()
         """Held from listing replicas to acting on them (reconcile, autoscale): neither acts
         on a list the other has just made stale."""
-        self._wake = asyncio.Event()
+        self._wake = (changes or ReplicaChanges(router)).wake
         self._sync_task: asyncio.Task[None] | None = None
         self._unsynced = False
         if self.desired is not None:
@@ -167,10 +183,12 @@ class Agent:
             self.applied_generation = desired.generation
             self._emit(
                 DesiredStateApplied(
-                    cluster=self.cluster, source=self.source, time=self.clock(),
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
                     generation=desired.generation,
                 )
-            )  # fmt: skip
+            )
         for fact in transitions:
             self._emit(fact)
 
@@ -227,35 +245,43 @@ class Agent:
                 except Exception:
                     log.exception("draining %s failed; reconcile retries", replica_id)
         # HOLD while failed starts back off: start nothing until the backoff ends
-        wanted = (decision.current_replicas if decision.action is ScaleAction.HOLD
-                  else decision.desired_replicas)  # fmt: skip
+        wanted = (
+            decision.current_replicas
+            if decision.action is ScaleAction.HOLD
+            else decision.desired_replicas
+        )
         before, self.wanted[name] = self.wanted.get(name), wanted
         if before is not None and before != wanted:  # an event upstream, not only a log line
             self._emit(
-                ReplicasScaled(cluster=self.cluster, source=self.source, time=self.clock(),
-                               deployment=name, from_replicas=before, to_replicas=wanted,
-                               reason=decision.reason, panic=decision.panic)
-            )  # fmt: skip
+                ReplicasScaled(
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
+                    deployment=name,
+                    from_replicas=before,
+                    to_replicas=wanted,
+                    reason=decision.reason,
+                    panic=decision.panic,
+                )
+            )
         assert self.autoscaler is not None
         if self.autoscaler.newly_beyond_max(name):
             self._emit(
-                CapacityExhausted(cluster=self.cluster, source=self.source, time=self.clock(),
-                                  deployment=name, wanted=decision.unconstrained_desired,
-                                  reason=f"autoscaler: {decision.reason}")
-            )  # fmt: skip
+                CapacityExhausted(
+                    cluster=self.cluster,
+                    source=self.source,
+                    time=self.clock(),
+                    deployment=name,
+                    wanted=decision.unconstrained_desired,
+                    reason=f"autoscaler: {decision.reason}",
+                )
+            )
         return before != wanted
 
     async def autoscale_loop(self, interval: float = 1.0) -> None:
         """Decide every ``interval`` seconds and at once for a deployment the router woke."""
         if self.autoscaler is not None:
             await self.autoscaler.run(interval, self.autoscale_once)
-
-    def replicas_changed(self, replicas: list[ReplicaStatus] | None = None) -> None:
-        """A runtime saw a replica change state: the router follows at once (a draining
-        replica gets no new request), and reconcile runs now."""
-        if self.router is not None and replicas is not None:
-            self.router.set_replicas(replicas)
-        self._wake.set()
 
     def _transitions(self, replicas: list[ReplicaStatus]) -> list[Envelope]:
         """Facts for the replicas that became ready or failed since the last listing."""
@@ -264,9 +290,10 @@ class Agent:
             for kind, replica in replica_transitions(self._known, replicas):
                 fact_type = ReplicaStarted if kind == "started" else ReplicaFailed
                 facts.append(
-                    fact_type(cluster=self.cluster, source=self.source, time=self.clock(),
-                              replica=replica)
-                )  # fmt: skip
+                    fact_type(
+                        cluster=self.cluster, source=self.source, time=self.clock(), replica=replica
+                    )
+                )
         self._known = {r.replica_id: r.state for r in replicas}
         return facts
 
@@ -280,13 +307,20 @@ class Agent:
                     wish = self.wanted.get(d.name)
                     demand = wish if wish is not None else target_replicas(d, None)
                 in_flight, queued = self.router.load(d.name) if self.router else (0, 0)
-                deployments.append(DeploymentObserved(name=d.name, demand=demand,
-                                                      in_flight=in_flight, queue_depth=queued))  # fmt: skip
+                deployments.append(
+                    DeploymentObserved(
+                        name=d.name, demand=demand, in_flight=in_flight, queue_depth=queued
+                    )
+                )
         return ObservedState(
-            cluster=self.cluster, source=self.source, time=self.clock(),
-            observed_generation=self.applied_generation, agent_version=AGENT_VERSION,
-            replicas=replicas, deployments=deployments,
-        )  # fmt: skip
+            cluster=self.cluster,
+            source=self.source,
+            time=self.clock(),
+            observed_generation=self.applied_generation,
+            agent_version=AGENT_VERSION,
+            replicas=replicas,
+            deployments=deployments,
+        )
 
     async def reconcile_loop(self, interval: float) -> None:
         while True:
@@ -327,8 +361,9 @@ async def serve(
 ) -> None:
     """Connect ``agent`` to the bus and run its loops until ``stop`` is set (forever if None);
     with ``router_address`` (and ``agent.router``) also serve the plane's router there."""
-    bus = AgentBus(agent.cluster, nats_url, credentials, agent.on_desired,
-                   resync_interval=resync_interval)  # fmt: skip
+    bus = AgentBus(
+        agent.cluster, nats_url, credentials, agent.on_desired, resync_interval=resync_interval
+    )
     agent.bus = bus
     await bus.start()
     loops = [
@@ -342,8 +377,11 @@ async def serve(
         from workloadplane.router.server import serve_router
 
         host, port = router_address
-        tasks.append(asyncio.create_task(serve_router(agent.router, host, port, router_stop),
-                                         name="agent-router"))  # fmt: skip
+        tasks.append(
+            asyncio.create_task(
+                serve_router(agent.router, host, port, router_stop), name="agent-router"
+            )
+        )
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
@@ -372,28 +410,33 @@ async def run_agent(
     stop: asyncio.Event | None = None,
     fsync: bool = True,
     router: Router | None = None,
+    changes: ReplicaChanges | None = None,
     router_address: tuple[str, int] | None = None,
     drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
 ) -> Agent:
-    """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent."""
-    agent = Agent(cluster, runtime, DesiredStateStore(state_dir, fsync=fsync), clock=clock,
-                  router=router, drain_lead=drain_lead)  # fmt: skip
-    wire_runtime(agent, runtime)
+    """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent.
+    ``changes``: the ``ReplicaChanges`` the runtime was built with, if it reports any."""
+    store = DesiredStateStore(state_dir, fsync=fsync)
+    agent = Agent(
+        cluster,
+        runtime,
+        store,
+        clock=clock,
+        router=router,
+        changes=changes,
+        drain_lead=drain_lead,
+    )
     await serve(
-        agent, nats_url, credentials, heartbeat_interval=heartbeat_interval,
-        reconcile_interval=reconcile_interval, resync_interval=resync_interval, stop=stop,
+        agent,
+        nats_url,
+        credentials,
+        heartbeat_interval=heartbeat_interval,
+        reconcile_interval=reconcile_interval,
+        resync_interval=resync_interval,
+        stop=stop,
         router_address=router_address,
-    )  # fmt: skip
+    )
     return agent
-
-
-def wire_runtime(agent: Agent, runtime: Runtime) -> None:
-    """Connect a runtime that reports changes and drains (ProcessRuntime) to the agent and
-    its router: state changes wake the reconcile loop, drains wait on the router's counts."""
-    if hasattr(runtime, "on_change"):
-        runtime.on_change = agent.replicas_changed  # type: ignore[attr-defined]
-    if agent.router is not None and hasattr(runtime, "in_flight"):
-        runtime.in_flight = agent.router.replica_in_flight  # type: ignore[attr-defined]
 
 
 def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
@@ -411,81 +454,7 @@ def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
     return NatsCredentials.model_validate(data)
 
 
-def _make_runtime(args: argparse.Namespace, state_dir: Path) -> Runtime:
-    if args.runtime == "memory":
-        from workloadplane.runtime.memory import InMemoryRuntime
+if __name__ == "__main__":  # python -m workloadplane.agent … is gpufleet agent …
+    from workloadplane.cli import agent_main
 
-        return InMemoryRuntime()
-    if args.runtime == "process":
-        from workloadplane.runtime.process import ProcessRuntime
-        from workloadplane.runtime.templates import enginesim_template, vllm_template
-
-        template = (vllm_template(args.engine_python) if args.engine == "vllm"
-                    else enginesim_template(args.engine_python))  # fmt: skip
-        return ProcessRuntime(template, state_dir / "runtime")
-    raise SystemExit(f"unknown runtime {args.runtime!r}: use 'memory' or 'process'")
-
-
-def main(argv: list[str] | None = None, runtimes: Mapping[str, Runtime] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpufleet agent")
-    parser.add_argument("--cluster", required=True)
-    parser.add_argument("--nats-url", default=os.environ.get("GPUFLEET_NATS_URL",
-                                                             "nats://127.0.0.1:4222"))  # fmt: skip
-    parser.add_argument("--credentials-file", default=os.environ.get("GPUFLEET_NATS_CREDENTIALS"))
-    parser.add_argument("--state-dir", default=os.environ.get("GPUFLEET_AGENT_STATE_DIR"))
-    parser.add_argument("--runtime", default="memory", choices=["memory", "process"])
-    parser.add_argument("--engine", default="vllm", choices=["vllm", "enginesim"],
-                        help="what --runtime process runs per replica")  # fmt: skip
-    parser.add_argument("--engine-python", default=None,
-                        help="python of the engine's venv (default: the cached vLLM CPU venv)")  # fmt: skip
-    parser.add_argument("--router-port", type=int, default=None,
-                        help="serve the plane's OpenAI-compatible router on this port")  # fmt: skip
-    parser.add_argument("--router-host", default="127.0.0.1")
-    parser.add_argument("--heartbeat-interval", type=float, default=5.0)
-    parser.add_argument("--drain-lead", type=float, default=DEFAULT_DRAIN_LEAD.total_seconds(),
-                        help="seconds before a draining instance's deadline to drain its "
-                             "replicas even without a ready replacement")  # fmt: skip
-    parser.add_argument("--no-fsync", action="store_true", help="benchmarks only")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
-    state_dir = Path(args.state_dir or f".gpufleet/agent-{args.cluster}")
-    runtime = (runtimes or {}).get(args.runtime) or _make_runtime(args, state_dir)
-    router = Router() if args.router_port is not None else None
-    router_address = (args.router_host, args.router_port) if args.router_port is not None else None
-    credentials = load_credentials(args.cluster, args.credentials_file)
-
-    async def _main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_agent(
-            args.cluster, args.nats_url, credentials, state_dir, runtime,
-            heartbeat_interval=args.heartbeat_interval, stop=stop, fsync=not args.no_fsync,
-            router=router, router_address=router_address,
-            drain_lead=timedelta(seconds=args.drain_lead),
-        )  # fmt: skip
-        close = getattr(runtime, "close", None)
-        if close is not None:
-            await close(stop_replicas=False)  # a restarted agent adopts them
-
-    # everything built so far lives as long as the process: keep it out of the collector's
-    # generations, so collections during serving are short (tail latency of the hot path)
-    gc.freeze()
-    _run_fast(_main())
-    return 0
-
-
-def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
-    """uvloop when installed (it is locked): faster scheduling and socket I/O on the path from
-    a desired-state change to its acknowledgement, and for the router in this process."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main_coro)
-    else:
-        uvloop.run(main_coro)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    agent_main()

@@ -59,8 +59,11 @@ class Gauges:
     kv_cache_usage_perc: float = 0.0
 
 
-def policy_for(deployment: DeploymentDesired, target_concurrency: float,
-               schedule: tuple[ScheduleRule, ...] = ()) -> Policy:  # fmt: skip
+def policy_for(
+    deployment: DeploymentDesired,
+    target_concurrency: float,
+    schedule: tuple[ScheduleRule, ...] = (),
+) -> Policy:
     """The policy's knobs from the desired state: min/max from the quota, the rest from the
     deployment's autoscaling spec. ``target_concurrency`` is the router's per-replica limit."""
     spec = deployment.autoscaling
@@ -83,8 +86,12 @@ def schedule_rules(windows: Sequence[ScheduleWindow]) -> tuple[ScheduleRule, ...
             tz = ZoneInfo(w.timezone)
             start, end = time.fromisoformat(w.start), time.fromisoformat(w.end)
         except (ZoneInfoNotFoundError, ValueError) as exc:
-            log.warning("schedule window %s ignored (%s): use HH:MM times and an IANA time "
-                        "zone such as Europe/Paris", w.model_dump(), exc)  # fmt: skip
+            log.warning(
+                "schedule window %s ignored (%s): use HH:MM times and an IANA time "
+                "zone such as Europe/Paris",
+                w.model_dump(),
+                exc,
+            )
             continue
         rules.append(ScheduleRule(frozenset(w.days), start, end, w.min_replicas, tz))
     return tuple(rules)
@@ -118,8 +125,9 @@ def parse_gauges(text: str) -> Gauges:
 class Autoscaler:
     """Decisions per deployment, with the policy's state, the last decision and the events."""
 
-    def __init__(self, router: Router, clock: Callable[[], datetime], *,
-                 history: int = 200) -> None:  # fmt: skip
+    def __init__(
+        self, router: Router, clock: Callable[[], datetime], *, history: int = 200
+    ) -> None:
         self.router = router
         self.clock = clock
         self.states: dict[str, State] = {}
@@ -130,26 +138,16 @@ class Autoscaler:
         self._rules: dict[str, tuple[list[ScheduleWindow], tuple[ScheduleRule, ...]]] = {}
         self._phases: dict[str, ReplicaState] = {}
         self._beyond: dict[str, int] = {}
-        self._woken: set[str] = set()
-        self._wake = asyncio.Event()
 
     # --- waking -----------------------------------------------------------------------------
-    def wake(self, deployment: str) -> None:
-        """Decide for ``deployment`` now (the router queued a request while it is at zero)."""
-        self._woken.add(deployment)
-        self._wake.set()
-
     async def woken(self, timeout: float) -> set[str]:
-        """Deployments woken so far; waits up to ``timeout`` seconds for one if none is."""
-        if not self._woken:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, timeout))
-        out, self._woken = self._woken, set()
-        return out
+        """Deployments the router queued a request for while they had no ready or starting
+        replica; waits up to ``timeout`` seconds for one if none is."""
+        return await self.router.scale_from_zero.take(timeout)
 
-    async def run(self, interval: float,
-                  tick: Callable[[set[str] | None], Awaitable[None]]) -> None:  # fmt: skip
+    async def run(
+        self, interval: float, tick: Callable[[set[str] | None], Awaitable[None]]
+    ) -> None:
         """Call ``tick(None)`` (every deployment) every ``interval`` seconds on a fixed
         cadence, and ``tick(woken)`` at once in between; scrape the gauges meanwhile."""
         loop = asyncio.get_running_loop()
@@ -173,8 +171,13 @@ class Autoscaler:
                 await scraper
 
     # --- deciding ---------------------------------------------------------------------------
-    def decide(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
-               now: datetime, leaving: Collection[str] = ()) -> Decision | None:  # fmt: skip
+    def decide(
+        self,
+        deployment: DeploymentDesired,
+        replicas: Sequence[ReplicaStatus],
+        now: datetime,
+        leaving: Collection[str] = (),
+    ) -> Decision | None:
         """Run the policy for ``deployment`` at ``now``; None if its knobs are invalid.
         ``leaving``: replicas reconcile is replacing (see ``signals``)."""
         name = deployment.name
@@ -189,16 +192,29 @@ class Autoscaler:
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
         if _changes_something(decision, previous):
-            self.events.append(ScaleEvent(
-                now, name, decision.action, decision.current_replicas,
-                decision.desired_replicas, decision.drain, decision.reason, decision.panic,
-                decision.unconstrained_desired,
-            ))  # fmt: skip
+            self.events.append(
+                ScaleEvent(
+                    now,
+                    name,
+                    decision.action,
+                    decision.current_replicas,
+                    decision.desired_replicas,
+                    decision.drain,
+                    decision.reason,
+                    decision.panic,
+                    decision.unconstrained_desired,
+                )
+            )
             log.info("autoscaler %s: %s", name, decision.reason)
         return decision
 
-    def signals(self, deployment: DeploymentDesired, replicas: Sequence[ReplicaStatus],
-                now: datetime, leaving: Collection[str] = ()) -> Signals:  # fmt: skip
+    def signals(
+        self,
+        deployment: DeploymentDesired,
+        replicas: Sequence[ReplicaStatus],
+        now: datetime,
+        leaving: Collection[str] = (),
+    ) -> Signals:
         """Replicas of an older revision, and the ``leaving`` ones (on a draining instance or
         a pool no longer used), count as draining: reconcile replaces them, so they are not
         capacity (their requests are still load), and a scale-down never picks them instead
@@ -218,10 +234,15 @@ class Autoscaler:
             at, gauges = self.gauges.get(r.replica_id, (now, Gauges()))
             if phase != "ready" or at.timestamp() < fresh_after:
                 gauges = Gauges()
-            out.append(ReplicaSignal(
-                r.replica_id, phase, self.router.replica_in_flight(r.replica_id),
-                gauges.num_requests_waiting, gauges.kv_cache_usage_perc,
-            ))  # fmt: skip
+            out.append(
+                ReplicaSignal(
+                    r.replica_id,
+                    phase,
+                    self.router.replica_in_flight(r.replica_id),
+                    gauges.num_requests_waiting,
+                    gauges.kv_cache_usage_perc,
+                )
+            )
         _, queued = self.router.load(deployment.name)
         return Signals(tuple(out), queued, failed_starts)
 
@@ -257,8 +278,7 @@ class Autoscaler:
 
     # --- gauges -----------------------------------------------------------------------------
     async def scrape_once(self) -> None:
-        backends = [b for b in self.router.backends.values()
-                    if b.state == "ready" and not b.health.ejected]  # fmt: skip
+        backends = [b for b in self.router.backends.values() if b.routable]
         texts = await asyncio.gather(*(_fetch(b, self.scrape_interval / 2) for b in backends))
         now = self.clock()
         for backend, text in zip(backends, texts, strict=True):
@@ -284,8 +304,9 @@ def _changes_something(decision: Decision, previous: Decision | None) -> bool:
 
 async def _fetch(backend: Backend, timeout: float) -> str | None:
     try:
-        resp = await backend.pool.request("GET", "/metrics", head_timeout=timeout,
-                                          connect_timeout=timeout)  # fmt: skip
+        resp = await backend.pool.request(
+            "GET", "/metrics", head_timeout=timeout, connect_timeout=timeout
+        )
         body = await asyncio.wait_for(resp.read(), timeout)
         resp.release()
     except (UpstreamError, TimeoutError):

@@ -175,9 +175,11 @@ class AgentBus:
         )
         try:
             self._watch = await self._js.subscribe(
-                desired_subject(self.cluster), stream=DESIRED_STREAM, cb=self._on_watch,
+                desired_subject(self.cluster),
+                stream=DESIRED_STREAM,
+                cb=self._on_watch,
                 config=config,
-            )  # fmt: skip
+            )
         except Exception as exc:  # bucket missing or server busy: the resync loop retries
             log.warning("cannot watch desired state yet (%s); will retry", exc)
             self._resync_now.set()
@@ -238,9 +240,11 @@ class AgentBus:
         if self._js is None or self._nc is None or not self._nc.is_connected:
             raise ConnectionError("not connected to NATS")
         await self._js.publish(
-            subject, encode(message), headers={"Nats-Msg-Id": str(message.id)},
+            subject,
+            encode(message),
+            headers={"Nats-Msg-Id": str(message.id)},
             timeout=self._publish_timeout,
-        )  # fmt: skip
+        )
 
     async def publish_heartbeat(self, message: Envelope) -> bool:
         """Best effort; False if it could not be published (the next heartbeat supersedes)."""

@@ -1,4 +1,5 @@
-"""`python -m controlplane.cli …` is `gpufleet …` (used by `up` for its children)."""
+"""`python -m controlplane.cli …`: the control plane's commands only (`up` runs `bus` so);
+`python -m gpufleet_cli …` is the whole `gpufleet` command."""
 
 from controlplane.cli import app
 

@@ -1,4 +1,8 @@
-"""Commands that run processes: `up` (the whole local fleet) and each process's entry."""
+"""Control-plane commands that run processes: `up` (the whole local fleet) and `bus`.
+
+The workload plane's processes (`agent`, `router`, `engine-sim`) are in `workloadplane/cli.py`;
+`gpufleet_cli` registers both into the `gpufleet` command.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ from pathlib import Path
 import typer
 
 from controlplane.cli import app
-
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 @app.command()
@@ -28,19 +30,3 @@ def bus() -> None:
     from controlplane.bus_process import main
 
     raise typer.Exit(main())
-
-
-@app.command(context_settings=PASSTHROUGH)
-def agent(ctx: typer.Context) -> None:
-    """Run a workload-plane agent: gpufleet agent --cluster NAME [--nats-url …] (--help for all)."""
-    from workloadplane.agent import main
-
-    raise typer.Exit(main(list(ctx.args)))
-
-
-@app.command("engine-sim", context_settings=PASSTHROUGH)
-def engine_sim(ctx: typer.Context) -> None:
-    """Run the engine simulator (vLLM's OpenAI API and metrics, no GPU); --help for options."""
-    from workloadplane.enginesim.__main__ import main
-
-    raise typer.Exit(main(list(ctx.args)) or 0)

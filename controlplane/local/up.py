@@ -98,7 +98,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 [
                     py,
                     "-m",
-                    "controlplane.cli",
+                    "gpufleet_cli",
                     "agent",
                     "--cluster",
                     cluster,

@@ -1,3 +1,5 @@
-from workloadplane.router.server import main
+"""``python -m workloadplane.router …`` is ``gpufleet router …`` (the benchmarks use it)."""
 
-main()
+from workloadplane.cli import router_main
+
+router_main()

@@ -10,7 +10,6 @@ is ever logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -22,15 +21,15 @@ from typing import Any
 from workloadplane.router import errors
 from workloadplane.router.core import (
     Backend,
-    DeploymentEntry,
     NoCapacityError,
     QueueFullError,
     QueueTimeoutError,
     Router,
     Ticket,
 )
+from workloadplane.router.dispatch import ClientGoneError, Dispatcher, Forward
 from workloadplane.router.metrics import RouterMetrics, relabel_vllm, render_families
-from workloadplane.router.upstream import Abort, Response, UpstreamError
+from workloadplane.router.upstream import Response, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -39,30 +38,41 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 INFERENCE_PATHS = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
-_DROP_REQUEST = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
-                 b"authorization", b"te", b"upgrade", b"expect", b"x-priority"}  # fmt: skip
-_DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server",
-                  b"x-request-id"}  # fmt: skip
+_DROP_REQUEST = {
+    b"host",
+    b"content-length",
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"authorization",
+    b"te",
+    b"upgrade",
+    b"expect",
+    b"x-priority",
+}
+_DROP_RESPONSE = {
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"date",
+    b"server",
+    b"x-request-id",
+}
 _TIERS = {"high": 0, "normal": 1, "low": 2}
 _USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
-_RETRYABLE_STATUS = {502, 503, 504}
 _random_bits = random.getrandbits
 _FLUSH = {"type": "http.response.body", "body": b"", "more_body": True}
 
 
-class _Retry(Exception):
-    pass
-
-
 class RouterApp:
-    def __init__(self, router: Router, metrics: RouterMetrics | None = None) -> None:
-        self.router = router
-        self.metrics = metrics or RouterMetrics()
-        self.config = router.config
-        router.on_eject = self._ejected
+    """HTTP only: parse the request, authenticate, hand it to the dispatcher, stream the
+    answer back, and turn the dispatcher's typed errors into OpenAI-shaped ones."""
 
-    def _ejected(self, backend: Backend, reason: str) -> None:
-        self.metrics.ejections.labels(backend.deployment, backend.replica_id).inc()
+    def __init__(self, router: Router, dispatcher: Dispatcher, metrics: RouterMetrics) -> None:
+        self.router = router
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.config = router.config
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -75,25 +85,27 @@ class RouterApp:
         if method == "POST" and path in INFERENCE_PATHS:
             await self.inference(scope, receive, send, path)
         elif method == "GET" and path == b"/v1/models":
-            await self.models(scope, send)
+            await self.models(send)
         elif method == "GET" and path == b"/metrics":
             await self.scrape(send)
         elif method == "GET" and path == b"/health":
             await _respond(send, 200, b"", b"text/plain")
         else:
-            await _respond(send, 404, errors.error_body(
+            message = (
                 f"no route {method} {path.decode()}: use /v1/chat/completions, "
-                "/v1/completions, /v1/embeddings or /v1/models", "invalid_request_error",
-                "not_found"))  # fmt: skip
+                "/v1/completions, /v1/embeddings or /v1/models"
+            )
+            await _respond(
+                send, 404, errors.error_body(message, "invalid_request_error", "not_found")
+            )
 
     # --- inference ------------------------------------------------------------------------
     async def inference(self, scope: Scope, receive: Receive, send: Send, path: bytes) -> None:
         arrived = time.perf_counter()
         body = await _read_body(receive)
-        headers = scope["headers"]
         request_id, auth, priority = b"", b"", b""
         fwd: list[tuple[bytes, bytes]] = []
-        for name, value in headers:
+        for name, value in scope["headers"]:
             if name == b"x-request-id":
                 request_id = value
             elif name == b"authorization":
@@ -107,19 +119,28 @@ class RouterApp:
             fwd.append((b"x-request-id", request_id))
         rid_header = (b"x-request-id", request_id)
 
-        async def fail(status: int, type_: str, message: str, code: str | None = None,
-                       deployment: str = "", extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:  # fmt: skip
+        async def fail(
+            error: tuple[int, str],
+            message: str,
+            code: str,
+            deployment: str = "",
+            extra: tuple[tuple[bytes, bytes], ...] = (),
+        ) -> None:
+            status, type_ = error
             self.metrics.answered(deployment, str(status))
-            await _respond(send, status, errors.error_body(message, type_, code),
-                           extra=(rid_header, *extra))  # fmt: skip
+            body = errors.error_body(message, type_, code)
+            await _respond(send, status, body, extra=(rid_header, *extra))
 
         tier, best = self.config.default_tier, 0
         if self.config.api_keys:
             key = auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
             known = self.config.api_keys.get(key)
             if known is None:
-                await fail(*errors.UNAUTHORIZED, "invalid API key: send 'Authorization: Bearer "
-                           "<key>' with a key this plane knows", "invalid_api_key")  # fmt: skip
+                message = (
+                    "invalid API key: send 'Authorization: Bearer <key>' with a key this "
+                    "plane knows"
+                )
+                await fail(errors.UNAUTHORIZED, message, "invalid_api_key")
                 return
             tier = best = known
         if priority:
@@ -129,19 +150,21 @@ class RouterApp:
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
-            await fail(*errors.BAD_REQUEST, f"the body is not valid JSON ({exc}): send a JSON "
-                       "object with at least 'model'", "invalid_json")  # fmt: skip
+            message = (
+                f"the body is not valid JSON ({exc}): send a JSON object with at least 'model'"
+            )
+            await fail(errors.BAD_REQUEST, message, "invalid_json")
             return
         model = payload.get("model") if isinstance(payload, dict) else None
         if not isinstance(model, str):
-            await fail(*errors.BAD_REQUEST, "'model' is missing or not a string: name one of "
-                       "GET /v1/models", "missing_model")  # fmt: skip
+            message = "'model' is missing or not a string: name one of GET /v1/models"
+            await fail(errors.BAD_REQUEST, message, "missing_model")
             return
         entry = self.router.resolve(model)
         if entry is None:
             known = ", ".join(m for m, _ in self.router.model_ids()) or "none"
-            await fail(*errors.NOT_FOUND, f"the model `{model}` does not exist on this plane; "
-                       f"models: {known}", "model_not_found")  # fmt: skip
+            message = f"the model `{model}` does not exist on this plane; models: {known}"
+            await fail(errors.NOT_FOUND, message, "model_not_found")
             return
         stream = payload.get("stream") is True
         ticket = Ticket(
@@ -151,25 +174,41 @@ class RouterApp:
         )
         dep = entry.name
         self.metrics.of(dep).request_bytes.observe(len(body))
+        client = _Client(receive)
         try:
-            await self._forward(entry, ticket, path, fwd, body, stream, send, receive,
-                                rid_header, arrived)  # fmt: skip
+            exchange = await self.dispatcher.dispatch(
+                entry, ticket, Forward(path.decode(), fwd, body, stream), client.gone
+            )
+            try:
+                await self._relay(exchange.response, dep, stream, send, client, rid_header, arrived)
+            finally:
+                exchange.close()
         except QueueFullError as exc:
-            await fail(*errors.QUEUE_FULL, f"deployment {dep} has {len(entry.queue)} requests "
-                       "waiting, the most it holds: retry after the Retry-After seconds",
-                       "queue_full", dep, ((b"retry-after", str(exc.retry_after).encode()),))  # fmt: skip
+            message = (
+                f"deployment {dep} has {len(entry.queue)} requests waiting, the most it "
+                "holds: retry after the Retry-After seconds"
+            )
+            retry_after = ((b"retry-after", str(exc.retry_after).encode()),)
+            await fail(errors.QUEUE_FULL, message, "queue_full", dep, retry_after)
         except QueueTimeoutError:
-            await fail(*errors.QUEUE_TIMEOUT, f"no replica of {dep} was free within "
-                       f"{self.config.queue_max_wait_s:g}s: retry, or raise the deployment's "
-                       "replicas", "queue_timeout", dep)  # fmt: skip
+            message = (
+                f"no replica of {dep} was free within {self.config.queue_max_wait_s:g}s: "
+                "retry, or raise the deployment's replicas"
+            )
+            await fail(errors.QUEUE_TIMEOUT, message, "queue_timeout", dep)
         except NoCapacityError:
-            await fail(*errors.NO_CAPACITY, f"deployment {dep} has no replicas and may not "
-                       "start any (its quota max is 0): ask for quota", "no_capacity", dep)  # fmt: skip
-        except _ClientGone:
+            message = (
+                f"deployment {dep} has no replicas and may not start any (its quota max is "
+                "0): ask for quota"
+            )
+            await fail(errors.NO_CAPACITY, message, "no_capacity", dep)
+        except ClientGoneError:
             self.metrics.answered(dep, "499")
         except UpstreamError as exc:
-            await fail(*errors.BAD_GATEWAY, f"every replica tried failed: {exc}",
-                       "upstream_failed", dep)  # fmt: skip
+            message = f"every replica tried failed: {exc}"
+            await fail(errors.BAD_GATEWAY, message, "upstream_failed", dep)
+        finally:
+            client.close()
 
     def _affinity_key(self, model: str, payload: dict[str, Any]) -> str | None:
         limit = self.config.prefix_chars
@@ -195,92 +234,23 @@ class RouterApp:
             return None
         return f"{model}\x1e{text[:limit]}"
 
-    async def _forward(self, entry: DeploymentEntry, ticket: Ticket, path: bytes,
-                       fwd: list[tuple[bytes, bytes]], body: bytes, stream: bool, send: Send,
-                       receive: Receive, rid_header: tuple[bytes, bytes], arrived: float) -> None:  # fmt: skip
-        router = self.router
-        dep = entry.name
-        gone: asyncio.Future[Any] | None = None
-        last_error: UpstreamError | None = None
-        try:
-            for attempt in range(self.config.max_attempts):
-                backend, gone = await self._acquire(entry, ticket, receive, gone, attempt > 0)
-                try:
-                    resp = await self._exchange(backend, ticket, path, fwd, body, stream)
-                except UpstreamError as exc:
-                    last_error = exc
-                    router.eject(backend, str(exc))
-                    router.release(backend, ticket)
-                    self.metrics.retries.labels(dep, "before_first_byte").inc()
-                    continue
-                if resp.status in _RETRYABLE_STATUS and attempt + 1 < self.config.max_attempts:
-                    _discard(resp)
-                    router.eject(backend, f"answered {resp.status}")
-                    router.release(backend, ticket)
-                    self.metrics.retries.labels(dep, f"status_{resp.status}").inc()
-                    continue
-                ticket.started = True
-                try:
-                    await self._relay(resp, dep, stream, send, receive, rid_header, arrived, gone)
-                finally:
-                    router.release(backend, ticket)
-                return
-            assert last_error is not None
-            raise last_error
-        finally:
-            if gone is not None and not gone.done():
-                gone.cancel()
-
-    async def _acquire(self, entry: DeploymentEntry, ticket: Ticket, receive: Receive,
-                       gone: asyncio.Future[Any] | None,
-                       retry: bool) -> tuple[Backend, asyncio.Future[Any] | None]:  # fmt: skip
-        router = self.router
-        backend = router.try_acquire(entry, ticket)
-        if backend is not None:
-            return backend, gone
-        if gone is None:
-            gone = asyncio.ensure_future(receive())
-        waited = time.perf_counter()
-        dm = self.metrics.of(entry.name)
-        dm.queue_depth.set(len(entry.queue) + 1)
-        task = asyncio.ensure_future(router.acquire(entry, ticket, retry=retry))
-        try:
-            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            dm.queue_depth.set(len(entry.queue))
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise _ClientGone
-        dm.queue_wait.observe(time.perf_counter() - waited)
-        return task.result(), gone
-
-    async def _exchange(self, backend: Backend, ticket: Ticket, path: bytes,
-                        fwd: list[tuple[bytes, bytes]], body: bytes, stream: bool) -> Response:  # fmt: skip
-        """Send the request to ``backend``; return once its head came. ``ticket.cancel``
-        (ejection, replica gone) aborts it by closing the connection: UpstreamError."""
-        timeout = self.config.first_byte_timeout_s if stream else None
-
-        def abortable(abort: Abort) -> None:
-            ticket.cancel = abort
-
-        try:
-            return await backend.pool.request("POST", path.decode(), fwd, body,
-                                              head_timeout=timeout, on_abortable=abortable)  # fmt: skip
-        finally:
-            ticket.cancel = None
-
-    async def _relay(self, resp: Response, dep: str, stream: bool, send: Send, receive: Receive,
-                     rid_header: tuple[bytes, bytes], arrived: float,
-                     gone: asyncio.Future[Any] | None) -> None:  # fmt: skip
+    async def _relay(
+        self,
+        resp: Response,
+        dep: str,
+        stream: bool,
+        send: Send,
+        client: _Client,
+        rid_header: tuple[bytes, bytes],
+        arrived: float,
+    ) -> None:
         headers = [(n, v) for n, v in resp.headers if n not in _DROP_RESPONSE]
         headers.append(rid_header)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        gone = client.watching
         if stream:  # the head goes out now; else it leaves with the body, in one write
             await send(_FLUSH)
-            if gone is None:
-                gone = asyncio.ensure_future(receive())
+            gone = client.gone()
         size, events, first = 0, 0, 0.0
         tail = b""
         complete = False
@@ -296,18 +266,20 @@ class RouterApp:
                     tail += chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if gone is not None and gone.done():
-                    raise _ClientGone
+                    raise ClientGoneError
             complete = True
         except UpstreamError:
             log.warning("replica stream broke after the first byte (deployment %s)", dep)
             if stream:  # no [DONE]: the client must not take a cut stream for a whole one
-                await send({"type": "http.response.body", "more_body": True, "body": b"data: " +
-                            errors.error_body("the replica failed mid-stream", "upstream_error",
-                                              "stream_broken") + b"\n\n"})  # fmt: skip
+                error = errors.error_body(
+                    "the replica failed mid-stream", "upstream_error", "stream_broken"
+                )
+                chunk = b"data: " + error + b"\n\n"
+                await send({"type": "http.response.body", "more_body": True, "body": chunk})
         finally:
             resp.release()
-            if gone is not None and stream and not gone.done():
-                gone.cancel()
+            if stream:
+                client.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         end = time.perf_counter()
         self.metrics.answered(dep, str(resp.status) if complete else "502")
@@ -322,10 +294,19 @@ class RouterApp:
             m.tokens_per_s.observe(tokens / (end - arrived))
 
     # --- other routes -------------------------------------------------------------------------
-    async def models(self, scope: Scope, send: Send) -> None:
-        now = int(time.time())
-        data = [{"id": m, "object": "model", "created": now, "owned_by": "gpufleet",
-                 "root": m, "parent": parent} for m, parent in self.router.model_ids()]  # fmt: skip
+    async def models(self, send: Send) -> None:
+        now = int(time.time())  # OpenAI's "created" is a wall-clock timestamp
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": now,
+                "owned_by": "gpufleet",
+                "root": m,
+                "parent": parent,
+            }
+            for m, parent in self.router.model_ids()
+        ]
         await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
     async def scrape(self, send: Send) -> None:
@@ -341,18 +322,31 @@ class RouterApp:
                 phases[key] = phases.get(key, 0) + 1
             for phase, n in phases.items():
                 m.replicas.labels(entry.name, phase).set(n)
-        backends = [b for b in self.router.backends.values() if b.state in ("ready", "draining")
-                    and not b.health.ejected]  # fmt: skip
+        backends = self.router.serving_backends()
         texts = await asyncio.gather(*(_fetch_metrics(b) for b in backends))
         for backend, text in zip(backends, texts, strict=True):
             if text:
                 relabel_vllm(text, backend.replica_id, families)
-        await _respond(send, 200, m.render() + render_families(families),
-                       b"text/plain; version=0.0.4; charset=utf-8")  # fmt: skip
+        content_type = b"text/plain; version=0.0.4; charset=utf-8"
+        await _respond(send, 200, m.render() + render_families(families), content_type)
 
 
-class _ClientGone(Exception):
-    pass
+class _Client:
+    """The client's side of the connection: a watch for its disconnect, started on first
+    need (waiting in the queue, streaming) and shared by both."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.watching: asyncio.Future[Any] | None = None
+
+    def gone(self) -> asyncio.Future[Any]:
+        if self.watching is None:
+            self.watching = asyncio.ensure_future(self._receive())
+        return self.watching
+
+    def close(self) -> None:
+        if self.watching is not None and not self.watching.done():
+            self.watching.cancel()
 
 
 def _parse_tier(value: bytes) -> int | None:
@@ -360,10 +354,6 @@ def _parse_tier(value: bytes) -> int | None:
     if text in _TIERS:
         return _TIERS[text]
     return int(text) if text.isdigit() else None
-
-
-def _discard(resp: Response) -> None:
-    resp._conn.close()
 
 
 async def _fetch_metrics(backend: Backend) -> str:
@@ -388,10 +378,15 @@ async def _read_body(receive: Receive) -> bytes:
     return b"".join(parts)
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes = b"application/json",
-                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:  # fmt: skip
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-               *extra]  # fmt: skip
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    headers += extra
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

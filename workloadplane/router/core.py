@@ -3,8 +3,9 @@
 Fed by the agent (``set_deployments`` from the desired state, ``set_replicas`` from the
 runtime's list). ``acquire`` returns a backend with a slot taken, waiting in the
 deployment's queue while every replica is full, ejected or still starting (scale from zero:
-held, not failed); ``release`` frees the slot and dispatches the queue's head. A background
-prober ejects replicas that stop answering ``/health`` and readmits them when they answer.
+held, not failed); ``release`` frees the slot and dispatches the queue's head. ``eject`` and
+``readmit`` record a replica's health; *when* to call them is the dispatcher's policy
+(``dispatch.py``) and the prober's (``prober.py``). Time comes from the injected clock only.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass, field
 from controlplane.contracts import DeploymentDesired, ReplicaStatus
 from workloadplane.health import ReplicaHealth
 from workloadplane.queue import AdmissionQueue, Waiting
-from workloadplane.router.upstream import UpstreamError, UpstreamPool
+from workloadplane.router.upstream import Abort, UpstreamPool
 from workloadplane.routing import Candidate, HashRing, choose_replica
 
 log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
 
 
 @dataclass
@@ -83,6 +86,16 @@ class Backend:
     def routable(self) -> bool:
         return self.state == "ready" and not self.health.ejected
 
+    @property
+    def serving(self) -> bool:
+        """Ready or draining and not ejected: it answers probes, scrapes and requests."""
+        return self.state in ("ready", "draining") and not self.health.ejected
+
+    def abort_unstarted(self, reason: str) -> None:
+        """Abort every exchange on this replica that has not received a byte (they retry)."""
+        for ticket in list(self.in_flight):
+            ticket.abort(reason)
+
 
 def _host_port(endpoint: str) -> tuple[str, int]:
     rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
@@ -102,8 +115,13 @@ class Ticket:
     entry: Waiting[Ticket] | None = None
     started: bool = False
     """Response bytes came from the replica: no retry possible any more."""
-    cancel: Callable[[str], None] | None = None
+    cancel: Abort | None = None
     """Aborts the request's upstream exchange (set while one is in progress)."""
+
+    def abort(self, reason: str) -> None:
+        """Abort the exchange in progress, unless response bytes already came."""
+        if not self.started and self.cancel is not None:
+            self.cancel(reason)
 
 
 def concurrency_limit(spec: DeploymentDesired, config: RouterConfig) -> int:
@@ -113,7 +131,7 @@ def concurrency_limit(spec: DeploymentDesired, config: RouterConfig) -> int:
 
 
 class DeploymentEntry:
-    def __init__(self, spec: DeploymentDesired, config: RouterConfig) -> None:
+    def __init__(self, spec: DeploymentDesired, config: RouterConfig, now: float) -> None:
         self.queue: AdmissionQueue[Ticket] = AdmissionQueue(
             config.queue_max_length, config.queue_max_wait_s, config.tiers
         )
@@ -122,7 +140,7 @@ class DeploymentEntry:
         self.ring: HashRing | None = None
         self.dispatched = 0
         self.drain_rate = 0.0  # dispatches per second, smoothed (for Retry-After)
-        self._rate_at = time.monotonic()
+        self.rate_at = now
 
     def update(self, spec: DeploymentDesired, config: RouterConfig) -> None:
         self.name = spec.name
@@ -133,22 +151,47 @@ class DeploymentEntry:
     def in_flight(self) -> int:
         return sum(b.outstanding for b in self.backends.values())
 
+    def drain_rate_at(self, now: float) -> float:
+        """Dispatches per second, smoothed over about a second (for Retry-After)."""
+        elapsed = now - self.rate_at
+        if elapsed >= 1.0:
+            self.drain_rate = 0.5 * self.drain_rate + 0.5 * self.dispatched / elapsed
+            self.dispatched, self.rate_at = 0, now
+        return self.drain_rate
+
+
+class ScaleFromZero:
+    """Deployments that got a request while they had no ready or starting replica. The
+    router adds them; the autoscaler takes them and decides for them at once, not at its
+    next tick."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        self._event = asyncio.Event()
+
+    def add(self, deployment: str) -> None:
+        self._names.add(deployment)
+        self._event.set()
+
+    async def take(self, timeout: float) -> set[str]:
+        """The deployments added so far; waits up to ``timeout`` seconds for one if none is."""
+        if not self._names:
+            self._event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), max(0.0, timeout))
+        out, self._names = self._names, set()
+        return out
+
 
 class Router:
-    def __init__(self, config: RouterConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(self, config: RouterConfig | None = None, clock: Clock = time.monotonic) -> None:
         self.config = config or RouterConfig()
         self.clock = clock
         self.deployments: dict[str, DeploymentEntry] = {}
         self.backends: dict[str, Backend] = {}
+        self.scale_from_zero = ScaleFromZero()
         self._aliases: dict[str, str] = {}
         self._tiebreak = itertools.count()
-        self.on_eject: Callable[[Backend, str], None] | None = None
-        self.on_retry: Callable[[str, str], None] | None = None
-        self.on_queued_at_zero: Callable[[str], None] | None = None
-        """Called with the deployment's name when a request is queued while it has no ready
-        or starting replica: the autoscaler scales from zero at once, not at its next tick."""
-        self._probe_task: asyncio.Task[None] | None = None
 
     # --- feeding -------------------------------------------------------------------------
     def set_deployments(self, deployments: Sequence[DeploymentDesired]) -> None:
@@ -156,7 +199,7 @@ class Router:
         for d in deployments:
             entry = self.deployments.get(d.name)
             if entry is None:
-                self.deployments[d.name] = DeploymentEntry(d, self.config)
+                self.deployments[d.name] = DeploymentEntry(d, self.config, self.clock())
             else:
                 entry.update(d, self.config)
         for name in list(self.deployments):
@@ -178,8 +221,19 @@ class Router:
                 self.backends[r.replica_id] = backend
             backend.state = r.state
         for rid in [rid for rid in self.backends if rid not in seen]:
-            self._forget(self.backends.pop(rid))
+            backend = self.backends.pop(rid)
+            backend.abort_unstarted("replica gone")
+            backend.pool.close()
         self._attach()
+
+    def replicas_changed(self, replicas: list[ReplicaStatus]) -> None:
+        """A runtime's change report (``runtime.base.ReplicaWatcher``): follow it at once."""
+        self.set_replicas(replicas)
+
+    def set_models(self, backend: Backend, models: frozenset[str]) -> None:
+        """What ``backend``'s ``/v1/models`` lists (adapters become model names)."""
+        backend.models, backend.models_at = models, self.clock()
+        self._rebuild_aliases()
 
     def _attach(self) -> None:
         for entry in self.deployments.values():
@@ -189,12 +243,6 @@ class Router:
         self._rebuild_aliases()
         for entry in self.deployments.values():
             self._pump(entry)
-
-    def _forget(self, backend: Backend) -> None:
-        for ticket in list(backend.in_flight):
-            if not ticket.started and ticket.cancel is not None:
-                ticket.cancel("replica gone")
-        backend.pool.close()
 
     def _rebuild_aliases(self) -> None:
         aliases: dict[str, str] = {}
@@ -229,25 +277,32 @@ class Router:
         backend = self.backends.get(replica_id)
         return backend.outstanding if backend is not None else 0
 
-    # --- dispatch ------------------------------------------------------------------------
+    def serving_backends(self) -> list[Backend]:
+        """Replicas that answer now (ready or draining, not ejected)."""
+        return [b for b in self.backends.values() if b.serving]
+
+    # --- slots ---------------------------------------------------------------------------
     def _choose(self, entry: DeploymentEntry, ticket: Ticket) -> Backend | None:
         routable = [b for b in entry.backends.values() if b.routable]
         if not routable:
             return None
         if entry.ring is None or entry.ring.members != {b.replica_id for b in routable}:
             entry.ring = HashRing(b.replica_id for b in routable)
+        candidates = [
+            Candidate(b.replica_id, b.outstanding, entry.limit, b.models) for b in routable
+        ]
         rid = choose_replica(
-            [Candidate(b.replica_id, b.outstanding, entry.limit, b.models) for b in routable],
-            affinity_key=ticket.affinity_key, adapter=ticket.adapter, ring=entry.ring,
-            load_factor=self.config.load_factor, exclude=frozenset(ticket.tried),
+            candidates,
+            affinity_key=ticket.affinity_key,
+            adapter=ticket.adapter,
+            ring=entry.ring,
+            load_factor=self.config.load_factor,
+            exclude=frozenset(ticket.tried),
             tiebreak=next(self._tiebreak),
-        )  # fmt: skip
+        )
         if rid is None and ticket.tried:
             # every replica was tried once: allow another round rather than starving
-            rid = choose_replica(
-                [Candidate(b.replica_id, b.outstanding, entry.limit, b.models) for b in routable],
-                adapter=ticket.adapter, tiebreak=next(self._tiebreak),
-            )  # fmt: skip
+            rid = choose_replica(candidates, adapter=ticket.adapter, tiebreak=next(self._tiebreak))
         return entry.backends[rid] if rid is not None else None
 
     def _assign(self, entry: DeploymentEntry, backend: Backend, ticket: Ticket) -> Backend:
@@ -267,37 +322,36 @@ class Router:
     async def acquire(
         self, entry: DeploymentEntry, ticket: Ticket, *, retry: bool = False
     ) -> Backend:
-        """A backend with a slot taken for ``ticket``; waits in the queue if none is free."""
+        """A backend with a slot taken for ``ticket``; waits in the queue if none is free.
+        ``retry``: the ticket goes back to the head of its tier and is never shed."""
         backend = self.try_acquire(entry, ticket)
         if backend is not None:
             return backend
-        if entry.max_replicas == 0 and not any(b.routable or b.state == "starting"
-                                               for b in entry.backends.values()):  # fmt: skip
+        if entry.max_replicas == 0 and not any(
+            b.routable or b.state == "starting" for b in entry.backends.values()
+        ):
             raise NoCapacityError(entry.name)
         now = self.clock()
-        loop = asyncio.get_running_loop()
-        ticket.future = loop.create_future()
+        ticket.future = asyncio.get_running_loop().create_future()
         if retry:
             ticket.entry = entry.queue.requeue(ticket, ticket.tier, now)
         else:
             offer = entry.queue.offer(ticket, ticket.tier, now)
             if not offer.accepted:
-                raise QueueFullError(entry.queue.retry_after_s(self._drain_rate(entry)))
+                raise QueueFullError(entry.queue.retry_after_s(entry.drain_rate_at(now)))
             ticket.entry = offer.entry
-            if self.on_queued_at_zero is not None and not any(
-                b.state in ("ready", "starting") for b in entry.backends.values()
-            ):
-                self.on_queued_at_zero(entry.name)
+            if not any(b.state in ("ready", "starting") for b in entry.backends.values()):
+                self.scale_from_zero.add(entry.name)
             if offer.shed is not None and offer.shed.item.future is not None:
                 shed = offer.shed.item.future
                 if not shed.done():
-                    shed.set_exception(
-                        QueueFullError(entry.queue.retry_after_s(self._drain_rate(entry)))
-                    )
+                    retry_after = entry.queue.retry_after_s(entry.drain_rate_at(now))
+                    shed.set_exception(QueueFullError(retry_after))
         self._pump(entry)
-        remaining = self.config.queue_max_wait_s
         try:
-            return await asyncio.wait_for(asyncio.shield(ticket.future), remaining)
+            return await asyncio.wait_for(
+                asyncio.shield(ticket.future), self.config.queue_max_wait_s
+            )
         except TimeoutError:
             if ticket.entry is not None and entry.queue.remove(ticket.entry):
                 raise QueueTimeoutError(entry.name) from None
@@ -305,16 +359,10 @@ class Router:
         except asyncio.CancelledError:
             if ticket.entry is not None:
                 entry.queue.remove(ticket.entry)
-            if (
-                ticket.future.done()
-                and not ticket.future.cancelled()
-                and ticket.future.exception() is None
-            ):
-                self.release(ticket.future.result(), ticket)
+            future = ticket.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result(), ticket)
             raise
-
-    def queued_since(self, ticket: Ticket) -> float | None:
-        return ticket.entry.enqueued_at if ticket.entry is not None else None
 
     def _pump(self, entry: DeploymentEntry) -> None:
         while entry.queue:
@@ -338,76 +386,24 @@ class Router:
         if entry is not None:
             self._pump(entry)
 
-    def _drain_rate(self, entry: DeploymentEntry) -> float:
-        now = time.monotonic()
-        elapsed = now - entry._rate_at
-        if elapsed >= 1.0:
-            entry.drain_rate = 0.5 * entry.drain_rate + 0.5 * entry.dispatched / elapsed
-            entry.dispatched, entry._rate_at = 0, now
-        return entry.drain_rate
-
     # --- health ---------------------------------------------------------------------------
-    def eject(self, backend: Backend, reason: str) -> None:
-        """Stop routing to ``backend``; its requests that got no byte yet are retried."""
+    def eject(self, backend: Backend, reason: str) -> bool:
+        """Stop routing to ``backend``; its requests that got no byte yet are aborted (their
+        dispatcher retries them). True if it was routable until now."""
         if not backend.health.failed(self.clock(), reason):
-            return
+            return False
         log.warning("replica %s ejected: %s", backend.replica_id, reason)
-        if self.on_eject is not None:
-            self.on_eject(backend, reason)
-        for ticket in list(backend.in_flight):
-            if not ticket.started and ticket.cancel is not None:
-                ticket.cancel(f"replica {backend.replica_id} ejected: {reason}")
+        backend.abort_unstarted(f"replica {backend.replica_id} ejected: {reason}")
+        return True
 
-    def _readmit(self, backend: Backend) -> None:
+    def probe_ok(self, backend: Backend) -> None:
+        """A good probe: after enough of them an ejected replica takes requests again."""
         if backend.health.probe_ok():
             log.info("replica %s readmitted", backend.replica_id)
             entry = self.deployments.get(backend.deployment)
             if entry is not None:
                 self._pump(entry)
 
-    async def probe(self, backend: Backend) -> None:
-        timeout = self.config.probe_timeout_s
-        try:
-            resp = await backend.pool.request("GET", "/health", head_timeout=timeout,
-                                              connect_timeout=timeout)  # fmt: skip
-            await asyncio.wait_for(resp.read(), timeout)
-            resp.release()
-            if resp.status != 200:
-                raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)
-        except (UpstreamError, TimeoutError) as exc:
-            self.eject(backend, f"health probe: {exc}")
-            return
-        if self.clock() - backend.models_at >= self.config.models_refresh_s:
-            await self._refresh_models(backend)
-        self._readmit(backend)
-
-    async def _refresh_models(self, backend: Backend) -> None:
-        import json
-
-        with contextlib.suppress(UpstreamError, TimeoutError, ValueError, KeyError, TypeError):
-            resp = await backend.pool.request("GET", "/v1/models", head_timeout=2.0)
-            data = json.loads(await asyncio.wait_for(resp.read(), 2.0))
-            resp.release()
-            backend.models = frozenset(m["id"] for m in data["data"])
-            backend.models_at = self.clock()
-            self._rebuild_aliases()
-
-    async def probe_loop(self) -> None:
-        while True:
-            targets = [b for b in self.backends.values() if b.state in ("ready", "draining")]
-            if targets:
-                await asyncio.gather(*(self.probe(b) for b in targets), return_exceptions=True)
-            await asyncio.sleep(self.config.probe_interval_s)
-
-    def start(self) -> None:
-        if self._probe_task is None:
-            self._probe_task = asyncio.create_task(self.probe_loop(), name="router-probes")
-
-    async def close(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
-            self._probe_task = None
+    def close(self) -> None:
         for backend in self.backends.values():
             backend.pool.close()

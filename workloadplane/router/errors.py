@@ -8,8 +8,9 @@ import json
 def error_body(
     message: str, type_: str, code: str | None = None, param: str | None = None
 ) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": param,
-                                 "code": code}}).encode()  # fmt: skip
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    ).encode()
 
 
 BAD_REQUEST = 400, "invalid_request_error"

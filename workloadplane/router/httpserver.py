@@ -28,16 +28,21 @@ log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
-App = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
-               Awaitable[None]]  # fmt: skip
+App = Callable[
+    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
+]
 
 _STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n"
-                b"connection: close\r\n\r\nbad request")  # fmt: skip
-_SERVER_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
-                 b"content-length: 21\r\nconnection: close\r\n\r\ninternal server error")  # fmt: skip
+_BAD_REQUEST = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n"
+    b"connection: close\r\n\r\nbad request"
+)
+_SERVER_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+    b"content-length: 21\r\nconnection: close\r\n\r\ninternal server error"
+)
 
 
 class _Connection(asyncio.Protocol):
@@ -99,9 +104,9 @@ class _Connection(asyncio.Protocol):
             elif self.task is not None:
                 self._keep_alive = False
             else:
-                self._abort(_BAD_REQUEST)
+                self.abort(_BAD_REQUEST)
         except httptools.HttpParserError:
-            self._abort(_BAD_REQUEST)
+            self.abort(_BAD_REQUEST)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -123,13 +128,19 @@ class _Connection(asyncio.Protocol):
         raw_path, _, query = self._url.partition(b"?")
         path = raw_path.decode("latin-1")
         self._scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": self.parser.get_http_version(), "scheme": "http",
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": self.parser.get_http_version(),
+            "scheme": "http",
             "method": self.parser.get_method().decode("ascii"),
-            "path": unquote(path) if "%" in path else path, "raw_path": raw_path,
-            "query_string": query, "root_path": "", "headers": self._headers,
-            "server": None, "client": None,
-        }  # fmt: skip
+            "path": unquote(path) if "%" in path else path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": self._headers,
+            "server": None,
+            "client": None,
+        }
         self._keep_alive_parsed = self.parser.should_keep_alive()
         if (b"expect", b"100-continue") in self._headers:
             self._continue_owed = True  # sent once every response before it went out
@@ -167,7 +178,7 @@ class _Connection(asyncio.Protocol):
         if not self._finished and not self.closed:  # failed, or no whole response
             log.error("no whole response to %s %s", scope["method"], scope["path"])
             wrote = self._started and not self._head
-            self._abort(b"" if wrote else _SERVER_ERROR)
+            self.abort(b"" if wrote else _SERVER_ERROR)
         self.task = None
         if self.closed:
             return
@@ -246,7 +257,8 @@ class _Connection(asyncio.Protocol):
             self._continue_owed = False
             self.transport.write(_CONTINUE)
 
-    def _abort(self, response: bytes) -> None:
+    def abort(self, response: bytes) -> None:
+        """Write ``response`` (if any) and close the connection now."""
         if self.transport is not None and not self.closed:
             if response:
                 self.transport.write(response)
@@ -264,7 +276,7 @@ class _Connection(asyncio.Protocol):
 
     def close_if_idle(self) -> bool:
         if self.task is None and not self.pending:
-            self._abort(b"")
+            self.abort(b"")
             return True
         return False
 
@@ -312,4 +324,4 @@ class HttpServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*late, return_exceptions=True)
         for conn in list(self.connections):
-            conn._abort(b"")
+            conn.abort(b"")

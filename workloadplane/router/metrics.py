@@ -19,34 +19,73 @@ class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         d = ["deployment"]
-        self.requests = Counter("gpufleet_router_requests", "Requests answered, by status code",
-                                [*d, "code"], registry=r)  # fmt: skip
-        self.request_bytes = Histogram("gpufleet_router_request_size_bytes", "Request body sizes",
-                                       d, buckets=SIZE_BUCKETS, registry=r)  # fmt: skip
-        self.response_bytes = Histogram("gpufleet_router_response_size_bytes",
-                                        "Response body sizes", d, buckets=SIZE_BUCKETS,
-                                        registry=r)  # fmt: skip
-        self.ttft = Histogram("gpufleet_router_time_to_first_token_seconds",
-                              "Arrival to the first response body byte (first token when "
-                              "streaming)", d, buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.e2e = Histogram("gpufleet_router_e2e_request_latency_seconds",
-                             "Arrival to the last response byte", d, buckets=LATENCY_BUCKETS,
-                             registry=r)  # fmt: skip
-        self.tokens_per_s = Histogram("gpufleet_router_tokens_per_second",
-                                      "Generated tokens per second of each request", d,
-                                      buckets=RATE_BUCKETS, registry=r)  # fmt: skip
-        self.queue_wait = Histogram("gpufleet_router_queue_wait_seconds",
-                                    "Time requests waited in the admission queue", d,
-                                    buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.requests = Counter(
+            "gpufleet_router_requests",
+            "Requests answered, by status code",
+            [*d, "code"],
+            registry=r,
+        )
+        self.request_bytes = Histogram(
+            "gpufleet_router_request_size_bytes",
+            "Request body sizes",
+            d,
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.response_bytes = Histogram(
+            "gpufleet_router_response_size_bytes",
+            "Response body sizes",
+            d,
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gpufleet_router_time_to_first_token_seconds",
+            "Arrival to the first response body byte (first token when streaming)",
+            d,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "gpufleet_router_e2e_request_latency_seconds",
+            "Arrival to the last response byte",
+            d,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens_per_s = Histogram(
+            "gpufleet_router_tokens_per_second",
+            "Generated tokens per second of each request",
+            d,
+            buckets=RATE_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gpufleet_router_queue_wait_seconds",
+            "Time requests waited in the admission queue",
+            d,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("gpufleet_router_queue_depth", "Requests waiting", d, registry=r)
-        self.in_flight = Gauge("gpufleet_router_requests_in_flight", "Requests on replicas", d,
-                               registry=r)  # fmt: skip
-        self.replicas = Gauge("gpufleet_router_replicas", "Replicas by phase (active = ready "
-                              "and not ejected)", [*d, "phase"], registry=r)  # fmt: skip
-        self.retries = Counter("gpufleet_router_retries", "Requests retried on another replica",
-                               [*d, "reason"], registry=r)  # fmt: skip
-        self.ejections = Counter("gpufleet_router_ejections", "Replicas ejected",
-                                 [*d, "replica"], registry=r)  # fmt: skip
+        self.in_flight = Gauge(
+            "gpufleet_router_requests_in_flight", "Requests on replicas", d, registry=r
+        )
+        self.replicas = Gauge(
+            "gpufleet_router_replicas",
+            "Replicas by phase (active = ready and not ejected)",
+            [*d, "phase"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "gpufleet_router_retries",
+            "Requests retried on another replica",
+            [*d, "reason"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "gpufleet_router_ejections", "Replicas ejected", [*d, "replica"], registry=r
+        )
 
         self._per_deployment: dict[str, DeploymentMetrics] = {}
         self._codes: dict[tuple[str, str], Counter] = {}
@@ -64,6 +103,10 @@ class RouterMetrics:
         if counter is None:
             counter = self._codes[deployment, code] = self.requests.labels(deployment, code)
         counter.inc()
+
+    def ejected(self, deployment: str, replica_id: str) -> None:
+        """Count a replica's ejection (by a failed request or a failed probe)."""
+        self.ejections.labels(deployment, replica_id).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -58,8 +58,12 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self._done:
-            self._fail(UpstreamError(f"connection lost: {exc or 'closed by replica'}",
-                                     before_first_byte=not self._got_bytes))  # fmt: skip
+            self._fail(
+                UpstreamError(
+                    f"connection lost: {exc or 'closed by replica'}",
+                    before_first_byte=not self._got_bytes,
+                )
+            )
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
@@ -149,6 +153,7 @@ class Response:
 
     def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
         self._pool, self._conn = pool, conn
+        self._released = False
         self.status = conn.status
         self.headers = conn.headers
 
@@ -158,8 +163,17 @@ class Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._conn.body()])
 
+    def discard(self) -> None:
+        """Close the connection without reading the body: the response is not wanted."""
+        self._released = True
+        self._conn.close()
+
     def release(self) -> None:
-        """Give the connection back if the response was read to the end, else close it."""
+        """Give the connection back if the response was read to the end, else close it.
+        Once: a second call does nothing."""
+        if self._released:
+            return
+        self._released = True
         if self._conn.reusable:
             self._pool.put_back(self._conn)
         else:
@@ -172,6 +186,8 @@ class UpstreamPool:
     def __init__(self, host: str, port: int, *, max_idle: int = 256) -> None:
         self.host, self.port, self.max_idle = host, port, max_idle
         self._idle: list[_Connection] = []
+        self.connections_opened = 0
+        """New connections made so far (keep-alive works when this stays low)."""
         self._host_header = f"{host}:{port}".encode()
 
     async def _connect(self, conn: _Connection, timeout: float) -> _Connection:
@@ -181,8 +197,9 @@ class UpstreamPool:
                 loop.create_connection(lambda: conn, self.host, self.port), timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamError(f"connect to {self.host}:{self.port} failed: {exc!r}",
-                                before_first_byte=True) from exc  # fmt: skip
+            raise UpstreamError(
+                f"connect to {self.host}:{self.port} failed: {exc!r}", before_first_byte=True
+            ) from exc
         return conn
 
     def put_back(self, conn: _Connection) -> None:
@@ -230,13 +247,19 @@ class UpstreamPool:
                     raise
                 # a keep-alive connection the replica had closed: try a fresh one
         conn = _Connection()
+        self.connections_opened += 1
         if on_abortable is not None:  # also while connecting: ejection must reach it
             on_abortable(conn.abort)
         await self._connect(conn, connect_timeout)
         return await self._exchange(conn, raw, head_timeout, on_abortable)
 
-    async def _exchange(self, conn: _Connection, raw: bytes, head_timeout: float | None,
-                        on_abortable: Callable[[Abort], None] | None) -> Response:  # fmt: skip
+    async def _exchange(
+        self,
+        conn: _Connection,
+        raw: bytes,
+        head_timeout: float | None,
+        on_abortable: Callable[[Abort], None] | None,
+    ) -> Response:
         head = conn.begin(raw)
         if on_abortable is not None:
             on_abortable(conn.abort)

@@ -36,3 +36,30 @@ class Runtime(Protocol):
     async def drain(self, replica_id: str) -> None: ...
 
     async def list_replicas(self) -> list[ReplicaStatus]: ...
+
+
+# --- optional capabilities: what a runtime may be given or offer, passed explicitly ----------
+
+
+class ReplicaWatcher(Protocol):
+    """Told whenever a runtime's replica changes state or goes away (ProcessRuntime takes one
+    in its constructor). Called synchronously, from the runtime's own tasks: a draining
+    replica must leave the router before another request can be dispatched to it."""
+
+    def replicas_changed(self, replicas: list[ReplicaStatus]) -> None: ...
+
+
+class InFlightCounter(Protocol):
+    """Requests the plane's router has in flight on a replica: what a drain waits on (the
+    router is one; ProcessRuntime takes one in its constructor)."""
+
+    def replica_in_flight(self, replica_id: str) -> int: ...
+
+
+class ClosableRuntime(Runtime, Protocol):
+    """A runtime that holds resources (clients, watch tasks) until closed by its owner."""
+
+    async def close(self, *, stop_replicas: bool = True) -> None:
+        """Release them; ``stop_replicas=False`` leaves replicas running for the next agent
+        process to adopt."""
+        ...

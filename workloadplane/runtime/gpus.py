@@ -20,8 +20,13 @@ def detect_gpus() -> list[str]:
     if smi is None:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]

@@ -30,9 +30,13 @@ class InMemoryRuntime:
     ) -> ReplicaStatus:
         replica_id = f"{deployment}-{spec.revision}-{next(self._ids)}"
         replica = ReplicaStatus(
-            replica_id=replica_id, deployment=deployment, revision=spec.revision,
-            state="starting", pool=pool, instance=instance,
-        )  # fmt: skip
+            replica_id=replica_id,
+            deployment=deployment,
+            revision=spec.revision,
+            state="starting",
+            pool=pool,
+            instance=instance,
+        )
         self._replicas[replica_id] = replica
         self.started += 1
         return replica
@@ -53,6 +57,9 @@ class InMemoryRuntime:
                         update={"state": "ready", "endpoint": f"memory://{replica_id}"}
                     )
         return list(self._replicas.values())
+
+    async def close(self, *, stop_replicas: bool = True) -> None:
+        """Nothing is held (``ClosableRuntime``): the replicas vanish with the process."""
 
     def set_state(self, replica_id: str, state: str) -> None:
         """Test hook: force a replica into a state (e.g. ``failed``)."""

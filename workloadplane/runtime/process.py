@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from controlplane.contracts import ReplicaState, ReplicaStatus, RevisionSpec, utcnow
+from workloadplane.runtime.base import InFlightCounter, ReplicaWatcher
 from workloadplane.runtime.gpus import GpuAllocator
 from workloadplane.runtime.templates import CommandTemplate
 
@@ -68,10 +69,16 @@ class _Replica:
     task: asyncio.Task[None] | None = None
 
     def status(self, host: str) -> ReplicaStatus:
-        return ReplicaStatus(replica_id=self.replica_id, deployment=self.deployment,
-                             revision=self.spec.revision, state=self.state,
-                             endpoint=f"http://{host}:{self.port}", started_at=self.started_at,
-                             pool=self.pool, instance=self.instance)  # fmt: skip
+        return ReplicaStatus(
+            replica_id=self.replica_id,
+            deployment=self.deployment,
+            revision=self.spec.revision,
+            state=self.state,
+            endpoint=f"http://{host}:{self.port}",
+            started_at=self.started_at,
+            pool=self.pool,
+            instance=self.instance,
+        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,16 +96,19 @@ class ProcessRuntime:
         config: ProcessConfig | None = None,
         gpus: GpuAllocator | None = None,
         clock: Callable[[], float] = time.monotonic,
+        watcher: ReplicaWatcher | None = None,
+        in_flight: InFlightCounter | None = None,
     ) -> None:
+        """``watcher`` is told of every state change (the plane's router and reconcile
+        loop follow at once); ``in_flight`` is what a drain waits on to reach 0 (the
+        router's counts; without one a drain stops the replica at once)."""
         self.template = template
         self.state_dir = Path(state_dir)
         self.config = config or ProcessConfig()
         self.gpus = gpus or GpuAllocator.for_this_machine()
         self.clock = clock
-        self.in_flight: Callable[[str], int] = lambda _rid: 0
-        """Requests the router has in flight on a replica (set by the agent's wiring)."""
-        self.on_change: Callable[[list[ReplicaStatus]], None] = lambda _replicas: None
-        """Called with the replica list whenever a replica changes state or goes away."""
+        self._watcher = watcher
+        self._in_flight = in_flight
         self._replicas: dict[str, _Replica] = {}
         self._failures: dict[str, int] = {}
         self._seq = 0
@@ -140,7 +150,7 @@ class ProcessRuntime:
         self._replicas.pop(replica_id, None)
         self.gpus.release(replica.gpus)
         self._save()
-        self.on_change(self._statuses())
+        self._changed()
 
     async def drain(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)
@@ -157,6 +167,16 @@ class ProcessRuntime:
     async def list_replicas(self) -> list[ReplicaStatus]:
         self._adopt()
         return self._statuses()
+
+    def pid(self, replica_id: str) -> int | None:
+        """The replica's server process (None if it is gone or not launched yet)."""
+        replica = self._replicas.get(replica_id)
+        return replica.pid if replica is not None else None
+
+    def state(self, replica_id: str) -> ReplicaState | None:
+        """The replica's state now, or None once it is gone (stopped, drained away)."""
+        replica = self._replicas.get(replica_id)
+        return replica.state if replica is not None else None
 
     def _statuses(self) -> list[ReplicaStatus]:
         return [r.status(self.config.host) for r in self._replicas.values()]
@@ -185,18 +205,28 @@ class ProcessRuntime:
     async def _launch(self, replica: _Replica) -> None:
         cache_dir = self.state_dir / "cache"
         argv, env = self.template.render(
-            {"host": self.config.host, "port": str(replica.port), "model_id": replica.spec.model_id,
-             "deployment": replica.deployment, "revision": replica.spec.revision,
-             "replica_id": replica.replica_id, "cache_dir": str(cache_dir)},
+            {
+                "host": self.config.host,
+                "port": str(replica.port),
+                "model_id": replica.spec.model_id,
+                "deployment": replica.deployment,
+                "revision": replica.spec.revision,
+                "replica_id": replica.replica_id,
+                "cache_dir": str(cache_dir),
+            },
             replica.spec.engine_args,
-        )  # fmt: skip
+        )
         full_env = {**os.environ, **env, **self.gpus.env(replica.gpus)}
         logfile = open(self.state_dir / "logs" / f"{replica.replica_id}.log", "ab")  # noqa: SIM115
         try:
             replica.proc = await asyncio.create_subprocess_exec(
-                *argv, env=full_env, stdin=asyncio.subprocess.DEVNULL, stdout=logfile,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                *argv,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             logfile.close()
         replica.pid = replica.proc.pid
@@ -268,7 +298,7 @@ class ProcessRuntime:
 
     async def _drain(self, replica: _Replica) -> None:
         deadline = self.clock() + self.config.drain_timeout_s
-        while self.in_flight(replica.replica_id) > 0 and self.clock() < deadline:
+        while self._requests_on(replica.replica_id) > 0 and self.clock() < deadline:
             await asyncio.sleep(0.1)
         await self.stop(replica.replica_id)
 
@@ -293,7 +323,14 @@ class ProcessRuntime:
     def _set(self, replica: _Replica, state: ReplicaState) -> None:
         replica.state = state
         self._save()
-        self.on_change(self._statuses())
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._watcher is not None:
+            self._watcher.replicas_changed(self._statuses())
+
+    def _requests_on(self, replica_id: str) -> int:
+        return self._in_flight.replica_in_flight(replica_id) if self._in_flight is not None else 0
 
     # --- persistence / adoption -------------------------------------------------------------
     @property
@@ -301,10 +338,21 @@ class ProcessRuntime:
         return self.state_dir / "replicas.json"
 
     def _save(self) -> None:
-        rows = [{"replica_id": r.replica_id, "deployment": r.deployment, "spec": r.spec.model_dump(),
-                 "port": r.port, "gpus": r.gpus, "pid": r.pid, "started_at": r.started_at.isoformat(),
-                 "pool": r.pool, "instance": r.instance}
-                for r in self._replicas.values() if r.pid is not None and r.state != "failed"]  # fmt: skip
+        rows = [
+            {
+                "replica_id": r.replica_id,
+                "deployment": r.deployment,
+                "spec": r.spec.model_dump(),
+                "port": r.port,
+                "gpus": r.gpus,
+                "pid": r.pid,
+                "started_at": r.started_at.isoformat(),
+                "pool": r.pool,
+                "instance": r.instance,
+            }
+            for r in self._replicas.values()
+            if r.pid is not None and r.state != "failed"
+        ]
         tmp = self._record.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
         tmp.replace(self._record)
@@ -324,9 +372,17 @@ class ProcessRuntime:
             pid = row.get("pid")
             if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
                 continue
-            replica = _Replica(row["replica_id"], row["deployment"],
-                               RevisionSpec.model_validate(row["spec"]), row["port"], row["gpus"],
-                               row.get("pool"), row.get("instance"), pid=pid, started_at=datetime.fromisoformat(row["started_at"]))  # fmt: skip
+            replica = _Replica(
+                row["replica_id"],
+                row["deployment"],
+                RevisionSpec.model_validate(row["spec"]),
+                row["port"],
+                row["gpus"],
+                row.get("pool"),
+                row.get("instance"),
+                pid=pid,
+                started_at=datetime.fromisoformat(row["started_at"]),
+            )
             self.gpus.take(replica.gpus)
             self._replicas[replica.replica_id] = replica
             replica.task = asyncio.create_task(

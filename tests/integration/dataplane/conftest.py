@@ -21,7 +21,7 @@ from controlplane.contracts import (
     ReplicaQuota,
     RevisionSpec,
 )
-from workloadplane.agent import Agent, wire_runtime
+from workloadplane.agent import Agent, ReplicaChanges
 from workloadplane.router.core import Router, RouterConfig
 from workloadplane.router.server import serve_router
 from workloadplane.runtime.process import ProcessConfig, ProcessRuntime, free_port
@@ -68,7 +68,7 @@ class Plane:
                 await asyncio.sleep(0.05)
 
     def pid(self, replica_id: str) -> int:
-        pid = self.runtime._replicas[replica_id].pid
+        pid = self.runtime.pid(replica_id)
         assert pid is not None
         return pid
 
@@ -77,12 +77,17 @@ class Plane:
 async def running_plane(tmp: Path, template: CommandTemplate, *,
                         router_config: RouterConfig | None = None,
                         process_config: ProcessConfig | None = None) -> AsyncIterator[Plane]:  # fmt: skip
-    runtime = ProcessRuntime(template, tmp / "runtime",
-                             config=process_config or ProcessConfig(health_interval_s=0.5,
-                                                                    backoff_initial_s=0.2))  # fmt: skip
     router = Router(router_config or RouterConfig())
-    agent = Agent("test", runtime, DesiredStateStore(tmp / "state", fsync=False), router=router)
-    wire_runtime(agent, runtime)
+    changes = ReplicaChanges(router)
+    runtime = ProcessRuntime(
+        template,
+        tmp / "runtime",
+        config=process_config or ProcessConfig(health_interval_s=0.5, backoff_initial_s=0.2),
+        watcher=changes,
+        in_flight=router,
+    )
+    store = DesiredStateStore(tmp / "state", fsync=False)
+    agent = Agent("test", runtime, store, router=router, changes=changes)
     port = free_port()
     stop = asyncio.Event()
     tasks = [asyncio.create_task(serve_router(router, "127.0.0.1", port, stop)),

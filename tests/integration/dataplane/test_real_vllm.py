@@ -146,6 +146,6 @@ async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):
     usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
     assert usage["completion_tokens"] == 500, "the stream was cut by the drain"
     async with asyncio.timeout(20):
-        while rid in vllm_plane.runtime._replicas:
+        while vllm_plane.runtime.state(rid) is not None:
             await asyncio.sleep(0.1)
     assert time.monotonic() - started < 20

@@ -88,7 +88,7 @@ async def test_killed_replica_loses_no_request(sim_plane: Plane):
     assert codes.count(200) == 300, sorted(set(codes))
     # the runtime noticed, reported it failed, and reconcile replaced it
     await sim_plane.wait_ready("chat", 2, timeout=30)
-    assert victim not in sim_plane.runtime._replicas
+    assert sim_plane.runtime.state(victim) is None
 
 
 async def test_hung_replica_is_ejected_within_two_seconds(sim_plane: Plane):

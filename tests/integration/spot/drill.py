@@ -65,7 +65,7 @@ from controlplane.services.placement import replan
 from controlplane.services.resources import KINDS
 from controlplane.settings import Settings
 from providers.local import LocalProvider
-from workloadplane.agent import Agent, serve, wire_runtime
+from workloadplane.agent import Agent, ReplicaChanges, serve
 from workloadplane.router.core import Router
 from workloadplane.runtime.process import ProcessConfig, ProcessRuntime, free_port
 from workloadplane.runtime.templates import enginesim_template
@@ -292,20 +292,23 @@ class Plane:
 async def plane(
     cluster: str, nats_url: str, creds: NatsCredentials, tmp: Path
 ) -> AsyncIterator[Plane]:
+    router = Router()
+    changes = ReplicaChanges(router)
     runtime = ProcessRuntime(
         enginesim_template(),
         tmp / cluster / "runtime",
         config=ProcessConfig(health_interval_s=0.5, backoff_initial_s=0.2),
+        watcher=changes,
+        in_flight=router,
     )
-    router = Router()
     agent = Agent(
         cluster,
         runtime,
         DesiredStateStore(tmp / cluster / "state", fsync=False),
         router=router,
+        changes=changes,
         drain_lead=timedelta(seconds=DRAIN_LEAD_S),
     )
-    wire_runtime(agent, runtime)
     port, stop = free_port(), asyncio.Event()
     task = asyncio.create_task(
         serve(

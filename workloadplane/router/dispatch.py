@@ -1,0 +1,139 @@
+"""The dispatcher: one request's way to a replica, and the one owner of the retry policy.
+
+``Dispatcher.dispatch`` takes a replica slot (at once, or waiting in the deployment's
+queue while the client is still there), sends the request, and decides: a connection
+refused or reset, an abort (ejection, replica gone, the streaming head deadline) or a
+502/503/504 **before any response byte** ejects that replica, releases its slot and retries
+on another one (back at the head of its tier), up to ``max_attempts``; anything else is the
+answer. Once a byte came (``Ticket.started``) nothing moves any more: the caller relays the
+``Exchange`` and closes it, which releases the slot. Time comes from the router's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workloadplane.router.core import Backend, DeploymentEntry, Router, Ticket
+from workloadplane.router.metrics import RouterMetrics
+from workloadplane.router.upstream import Abort, Response, UpstreamError
+
+RETRYABLE_STATUS = frozenset({502, 503, 504})
+
+ClientGone = Callable[[], "asyncio.Future[Any]"]
+"""Returns a future that completes when the client disconnects (started on first call)."""
+
+
+class ClientGoneError(Exception):
+    """The client went away while its request waited for a replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """What is sent to the replica, untouched by retries."""
+
+    path: str
+    headers: Sequence[tuple[bytes, bytes]]
+    body: bytes
+    stream: bool
+
+
+class Exchange:
+    """A replica's response whose head came: relay ``response``, then ``close()``."""
+
+    def __init__(self, router: Router, backend: Backend, ticket: Ticket, resp: Response) -> None:
+        self.response = resp
+        self._router, self._backend, self._ticket = router, backend, ticket
+
+    def close(self) -> None:
+        """Give the connection back (or close it) and free the replica's slot."""
+        try:
+            self.response.release()
+        finally:
+            self._router.release(self._backend, self._ticket)
+
+
+class Dispatcher:
+    def __init__(self, router: Router, metrics: RouterMetrics) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.config = router.config
+
+    async def dispatch(
+        self, entry: DeploymentEntry, ticket: Ticket, request: Forward, client_gone: ClientGone
+    ) -> Exchange:
+        """The response to relay. Raises ``QueueFullError``, ``QueueTimeoutError``,
+        ``NoCapacityError`` (admission), ``ClientGoneError``, or the last ``UpstreamError``
+        when every attempt failed before a byte came."""
+        last_error: UpstreamError | None = None
+        for attempt in range(self.config.max_attempts):
+            backend = await self._acquire(entry, ticket, client_gone, retry=attempt > 0)
+            try:
+                resp = await self._send(backend, ticket, request)
+            except UpstreamError as exc:
+                last_error = exc
+                self._failed(backend, ticket, str(exc), "before_first_byte")
+                continue
+            if resp.status in RETRYABLE_STATUS and attempt + 1 < self.config.max_attempts:
+                resp.discard()
+                self._failed(backend, ticket, f"answered {resp.status}", f"status_{resp.status}")
+                continue
+            ticket.started = True
+            return Exchange(self.router, backend, ticket, resp)
+        assert last_error is not None
+        raise last_error
+
+    def _failed(self, backend: Backend, ticket: Ticket, reason: str, retry_reason: str) -> None:
+        """Eject the replica that failed the attempt, free its slot, count the retry."""
+        if self.router.eject(backend, reason):
+            self.metrics.ejected(backend.deployment, backend.replica_id)
+        self.router.release(backend, ticket)
+        self.metrics.retries.labels(backend.deployment, retry_reason).inc()
+
+    async def _acquire(
+        self, entry: DeploymentEntry, ticket: Ticket, client_gone: ClientGone, *, retry: bool
+    ) -> Backend:
+        """A slot at once if one is free, else wait in the queue unless the client goes."""
+        router = self.router
+        backend = router.try_acquire(entry, ticket)
+        if backend is not None:
+            return backend
+        gone = client_gone()
+        waited = router.clock()
+        dm = self.metrics.of(entry.name)
+        dm.queue_depth.set(len(entry.queue) + 1)
+        task = asyncio.ensure_future(router.acquire(entry, ticket, retry=retry))
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dm.queue_depth.set(len(entry.queue))
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientGoneError
+        dm.queue_wait.observe(router.clock() - waited)
+        return task.result()
+
+    async def _send(self, backend: Backend, ticket: Ticket, request: Forward) -> Response:
+        """Send the request to ``backend``; return once its head came. ``ticket.cancel``
+        (ejection, replica gone) aborts it by closing the connection: UpstreamError."""
+        timeout = self.config.first_byte_timeout_s if request.stream else None
+
+        def abortable(abort: Abort) -> None:
+            ticket.cancel = abort
+
+        try:
+            return await backend.pool.request(
+                "POST",
+                request.path,
+                request.headers,
+                request.body,
+                head_timeout=timeout,
+                on_abortable=abortable,
+            )
+        finally:
+            ticket.cancel = None
