@@ -32,7 +32,7 @@ from controlplane.contracts import (
     ReplicaQuota,
     RevisionSpec,
 )
-from workloadplane.agent import Agent, wire_runtime
+from workloadplane.agent import Agent, ReplicaChanges
 from workloadplane.router.core import Router, RouterConfig
 from workloadplane.router.server import serve_router
 from workloadplane.runtime.process import ProcessConfig, ProcessRuntime, free_port
@@ -55,11 +55,22 @@ def deployment(window: float, delay: float) -> DeploymentDesired:
 
 
 async def run_agent(tmp: Path, window: float, delay: float) -> None:
-    runtime = ProcessRuntime(enginesim_template(), tmp / "runtime",
-                             config=ProcessConfig(health_interval_s=0.5, backoff_initial_s=0.2))  # fmt: skip
     router = Router(RouterConfig())
-    agent = Agent("bench", runtime, DesiredStateStore(tmp / "state", fsync=False), router=router)
-    wire_runtime(agent, runtime)
+    changes = ReplicaChanges(router)
+    runtime = ProcessRuntime(
+        enginesim_template(),
+        tmp / "runtime",
+        config=ProcessConfig(health_interval_s=0.5, backoff_initial_s=0.2),
+        watcher=changes,
+        in_flight=router,
+    )
+    agent = Agent(
+        "bench",
+        runtime,
+        DesiredStateStore(tmp / "state", fsync=False),
+        router=router,
+        changes=changes,
+    )
     assert agent.autoscaler is not None
     port, stop = free_port(), asyncio.Event()
     tasks = [asyncio.create_task(serve_router(router, "127.0.0.1", port, stop)),
