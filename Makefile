@@ -29,7 +29,7 @@ test: install vllm-env
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-test-integration: install
+test-integration: install vllm-env
 	$(BIN)/python -m pytest -q tests/integration
 
 # Every script, then their headlines (each script's last line). Fails if any script exits

@@ -77,9 +77,10 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(exist_ok=True)
         self._prepare_permissions()
         done = self._run(
-            "initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
-            "--no-sync", "--no-instructions", "-E", "UTF8",
-        )  # fmt: skip
+            "initdb",
+            *("-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8"),
+            *("--no-sync", "--no-instructions"),
+        )
         if done.returncode != 0:
             raise PostgresError(f"initdb failed in {self.data_dir}: {done.stderr.strip()}")
         return True
@@ -107,9 +108,10 @@ class EmbeddedPostgres:
             "-c max_connections=200"
         )
         done = self._run(
-            "pg_ctl", "-D", str(self.data_dir), "-w", "-t", str(int(timeout_s)),
-            "-l", str(self.log_file), "-o", options, "start",
-        )  # fmt: skip
+            "pg_ctl",
+            *("-D", str(self.data_dir), "-w", "-t", str(int(timeout_s))),
+            *("-l", str(self.log_file), "-o", options, "start"),
+        )
         if done.returncode != 0:
             tail = (
                 self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""

@@ -17,8 +17,8 @@ class RedisError(RuntimeError):
 
 
 def redis_server_binary() -> str:
-    for candidate in (Path(sysconfig.get_path("scripts")) / "redis-server",
-                      Path(sys.executable).parent / "redis-server"):  # fmt: skip
+    scripts = (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent)
+    for candidate in (directory / "redis-server" for directory in scripts):
         if candidate.exists():
             return str(candidate)
     found = shutil.which("redis-server")
