@@ -23,6 +23,12 @@ from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
 from controlplane.services import audit
+from controlplane.services.desired import (
+    bump_desired,
+    clusters_serving,
+    pool_is_empty,
+    withdraw_placements,
+)
 from controlplane.services.resources import ResourceKind
 from controlplane.services.validation import invalid_spec_from
 from controlplane.specs import REVISION_FIELDS, Spec
@@ -188,6 +194,7 @@ def delete(
 ) -> None:
     row = get(session, kind, ref)
     _check_generation(kind, row, expected_generation)
+    affected = kind.removing(session, row)  # before its placements and replicas go
     kind.check_delete(session, row, force)
     before = spec_json(kind, row)
     audit.record(
@@ -203,6 +210,7 @@ def delete(
     )
     session.delete(row)
     session.flush()
+    bump_desired(session, affected)
 
 
 def merge_patch(target: Any, patch_doc: Any) -> Any:
@@ -280,6 +288,16 @@ def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[s
     ):
         row.revision += 1
         row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
+    if isinstance(row, m.Deployment):  # its snapshot entry changed where it is served
+        bump_desired(session, clusters_serving(session, [row.id]))
+    # a removal inside an update reaches the planes now, not at the next re-plan
+    if isinstance(row, m.Cluster):
+        left = set(before.get("pools", ())) - set(after.get("pools", ()))
+        if left:
+            pool_ids = session.scalars(select(m.Pool.id).where(m.Pool.name.in_(sorted(left))))
+            withdraw_placements(session, row.id, pool_ids)
+    if isinstance(row, m.Pool) and pool_is_empty(session, row):
+        withdraw_placements(session, pool_ids=[row.id])
 
 
 def revision_spec(row: m.Deployment) -> dict[str, Any]:
