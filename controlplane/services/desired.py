@@ -336,4 +336,3 @@ def _schedule(auto: AutoscalingSpec, share: float) -> list[ScheduleWindow]:
         )
         for w in auto.schedule
     ]
-
