@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from controlplane.contracts import (
     AutoscalingPolicy,
@@ -108,7 +109,7 @@ def withdraw_placements(
     ids = sorted(set(pool_ids))
     if not ids:
         return
-    where = [Placement.pool_id.in_(ids)]
+    where: list[ColumnElement[bool]] = [Placement.pool_id.in_(ids)]
     if cluster_id is not None:
         where.append(Placement.cluster_id == cluster_id)
     rows = session.execute(select(Placement.deployment_id, Placement.cluster_id).where(*where))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client
 from nats.js.kv import KeyValue
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,7 +45,7 @@ ARGS = [f"--arg-{i:02d}={'x' * 60}" for i in range(32)]  # ~2.3 KB: well within 
 
 
 @pytest.fixture
-async def small_nats(tmp_path: Path) -> AsyncIterator[tuple[nats.NATS, KeyValue]]:
+async def small_nats(tmp_path: Path) -> AsyncIterator[tuple[Client, KeyValue]]:
     cp = generate_controlplane_credentials()
     port, store = free_port(), tmp_path / "jetstream"
     text = render_server_config(controlplane=cp, clusters={}, store_dir=store, port=port)
@@ -100,8 +101,10 @@ def fleet(tokens, session_factory: sessionmaker[Session]) -> sessionmaker[Sessio
         _create(
             s,
             "providers",
-            ProviderSpec(name="aws", provider_kind="aws", provider_class="hyperscaler"),
-        )  # type: ignore[arg-type]
+            ProviderSpec.model_validate(
+                {"name": "aws", "provider_kind": "aws", "provider_class": "hyperscaler"}
+            ),
+        )
         _create(
             s,
             "regions",
@@ -118,17 +121,19 @@ def fleet(tokens, session_factory: sessionmaker[Session]) -> sessionmaker[Sessio
         _create(
             s,
             "pools",
-            PoolSpec(
-                name="p1",
-                provider="aws",
-                region="use1",
-                gpu_type="H100-80G",
-                purchase_type="on_demand",
-                gpus=64,
-                price_per_gpu_hour=3,
-                quota_gpus=64,
+            PoolSpec.model_validate(
+                {
+                    "name": "p1",
+                    "provider": "aws",
+                    "region": "use1",
+                    "gpu_type": "H100-80G",
+                    "purchase_type": "on_demand",
+                    "gpus": 64,
+                    "price_per_gpu_hour": "3",
+                    "quota_gpus": 64,
+                }
             ),
-        )  # type: ignore[arg-type]
+        )
         for cluster in ("big", "small"):
             _create(s, "clusters", ClusterSpec(name=cluster, region="use1", pools=["p1"]))
         for i in range(20):

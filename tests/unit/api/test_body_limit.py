@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from fastapi import Body, FastAPI
+from starlette.types import Message
 
 from controlplane.api.limits import BodyLimitMiddleware
 
@@ -30,7 +31,8 @@ class Client:
     def __init__(self, body: bytes, declared: bool) -> None:
         self.chunks = [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
         self.declared, self.length = declared, len(body)
-        self.pulled, self.sent = 0, []  # type: ignore[var-annotated]
+        self.pulled = 0
+        self.sent: list[Message] = []
 
     async def call(self, app: BodyLimitMiddleware) -> tuple[int, dict[str, Any]]:
         headers = [(b"content-type", b"application/json")]
@@ -58,12 +60,12 @@ class Client:
         assert sum(m["type"] == "http.response.start" for m in self.sent) == 1
         return start["status"], json.loads(body)
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Message:
         chunk = self.chunks.pop(0)
         self.pulled += len(chunk)
         return {"type": "http.request", "body": chunk, "more_body": bool(self.chunks)}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         self.sent.append(message)
 
 
