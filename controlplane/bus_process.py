@@ -3,7 +3,9 @@
 Consumes every cluster's heartbeats and facts through the durable consumer into PostgreSQL,
 and publishes each cluster's desired-state snapshot whenever its desired generation moves
 (all of them once at start: PostgreSQL is the source of truth, the KV bucket a copy).
-A cluster nothing was ever placed on (desired generation 0) has no snapshot yet.
+A cluster nothing was ever placed on (desired generation 0) has no snapshot yet. A snapshot
+too large for the server's max_payload is not sent (an event says so, once per episode) and
+never stops the others; a deleted cluster's key gets an empty snapshot so its agent stops.
 """
 
 from __future__ import annotations
@@ -13,17 +15,26 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 
 import nats
+from nats.js.kv import KeyValue
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.bus import ensure_bus
 from controlplane.bus.consumer import ReportConsumer
-from controlplane.bus.desired import DesiredPublisher
-from controlplane.contracts import DesiredState
+from controlplane.bus.desired import (
+    DesiredPublisher,
+    DesiredStateTooLarge,
+    PublishResult,
+    retire_desired,
+    stored_clusters,
+)
+from controlplane.contracts import DesiredState, decode_desired, desired_key, encode
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory
+from controlplane.services import publication
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
@@ -34,13 +45,117 @@ log = logging.getLogger("gpufleet.bus")
 def pending_snapshots(
     factory: sessionmaker[Session], published: dict[str, int]
 ) -> list[DesiredState]:
+    return _pending(factory, published)[0]
+
+
+def _pending(
+    factory: sessionmaker[Session], published: dict[str, int]
+) -> tuple[list[DesiredState], set[str]]:
+    """The snapshots to publish, and the name of every cluster PostgreSQL has."""
     with factory() as session:
         clusters = session.scalars(select(Cluster).order_by(Cluster.name)).all()
         return [
             desired_state(session, c)
             for c in clusters
             if c.desired_generation >= 1 and published.get(c.name, 0) < c.desired_generation
-        ]
+        ], {c.name for c in clusters}
+
+
+def _write(factory: sessionmaker[Session], write: Callable[[Session], None]) -> None:
+    with factory() as session, session.begin():
+        write(session)
+
+
+class SnapshotLoop:
+    """The publisher's side of the bus process: each `tick()` publishes every cluster whose
+    desired generation moved, retires the keys of deleted clusters, and survives a snapshot
+    it cannot send (that cluster only waits for its next generation)."""
+
+    def __init__(
+        self, factory: sessionmaker[Session], kv: KeyValue, max_payload: int | None
+    ) -> None:
+        self._factory, self._kv = factory, kv
+        self._publisher = DesiredPublisher(kv, max_payload)
+        self._published: dict[str, int] = {}
+        self._known: set[str] | None = None  # clusters with a key: the bucket's, at start
+        self._too_large: set[str] = set()
+
+    async def tick(self) -> None:
+        if self._known is None:
+            self._known = await stored_clusters(self._kv)
+        states, names = await asyncio.to_thread(_pending, self._factory, self._published)
+        for gone in sorted(self._known - names):
+            await self._retire(gone)
+        self._known = (self._known & names) | {s.cluster for s in states}
+        for state in states:
+            await self._publish(state)
+
+    async def _retire(self, cluster: str) -> None:
+        result = await retire_desired(self._kv, cluster)
+        self._published.pop(cluster, None)
+        self._too_large.discard(cluster)
+        if result is not None:
+            log.info(
+                "cluster %s was deleted: empty desired state at generation %d (%s)",
+                cluster,
+                result.stored_generation,
+                result.outcome,
+            )
+
+    async def _publish(self, state: DesiredState) -> None:
+        try:
+            result = await self._publisher.publish(state)
+        except DesiredStateTooLarge as exc:
+            self._published[state.cluster] = state.generation  # retried at its next one
+            log.error("%s: not sent; other clusters are unaffected", exc)
+            if state.cluster not in self._too_large:
+                self._too_large.add(state.cluster)
+                size, limit, biggest = exc.size, exc.limit, exc.biggest()
+                await asyncio.to_thread(
+                    _write,
+                    self._factory,
+                    lambda s: publication.record_too_large(
+                        s, state.cluster, state.generation, size, limit, biggest
+                    ),
+                )
+            return
+        self._published[state.cluster] = state.generation
+        log.info(
+            "desired state of %s at generation %d: %s",
+            state.cluster,
+            state.generation,
+            result.outcome,
+        )
+        if state.cluster in self._too_large:
+            self._too_large.discard(state.cluster)
+            size = len(encode(state))
+            await asyncio.to_thread(
+                _write,
+                self._factory,
+                lambda s: publication.record_sent_again(s, state.cluster, state.generation, size),
+            )
+        if result.outcome == "stale" and await self._holds_a_retired_key(state, result):
+            # a cluster deleted and created again under its name: move past the empty
+            # snapshot the bucket holds, so that the next tick publishes above it
+            await asyncio.to_thread(
+                _write,
+                self._factory,
+                lambda s: publication.advance_generation(
+                    s, state.cluster, result.stored_generation
+                ),
+            )
+            self._published.pop(state.cluster, None)
+
+    async def _holds_a_retired_key(self, state: DesiredState, result: PublishResult) -> bool:
+        """The bucket's snapshot is empty and not below ours, though ours is newer news."""
+        ours_empty = not state.deployments and not state.instances
+        if result.stored_generation < state.generation or (
+            result.stored_generation == state.generation and ours_empty
+        ):
+            return False
+        entry = await self._kv.get(desired_key(state.cluster))
+        stored = decode_desired(entry.value) if entry.value else None
+        return stored is not None and not stored.deployments and not stored.instances
 
 
 def trigger_replan(reason: str) -> None:
@@ -65,19 +180,10 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     sink = DbSink(factory, on_change=on_change)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
-    published: dict[str, int] = {}
-    publisher = DesiredPublisher(kv)
+    snapshots = SnapshotLoop(factory, kv, nc.max_payload)  # the server's, from its INFO
     try:
         while not stop.is_set():
-            for state in await asyncio.to_thread(pending_snapshots, factory, published):
-                result = await publisher.publish(state)
-                published[state.cluster] = state.generation
-                log.info(
-                    "desired state of %s at generation %d: %s",
-                    state.cluster,
-                    state.generation,
-                    result.outcome,
-                )
+            await snapshots.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
     dashboard_port: int = 8080
     db_pool_size: int = 10
     page_size_max: int = 500
+    api_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest request body the API reads (bytes); a larger one gets 413. "
+        "Field limits (docs/api.md) keep every valid object far below it.",
+    )
     cluster_stale_after_s: float = 15.0
     cluster_down_after_s: float = 60.0
     load_demo_fleet: bool = True

@@ -19,12 +19,23 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    UrlConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from controlplane.jurisdictions import is_jurisdiction
+
+# Size limits (docs/api.md, "Limits"): roomy for a demanding fleet, small enough that no one
+# object can crowd its cluster's desired-state snapshot out of one NATS message (1 MiB).
+MAX_TEXT = 255
+"""Free-text references (model ids, images, credentials refs): their columns' width."""
+MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 128, 256
+MAX_ENGINE_ARGS, MAX_ENGINE_ARG, MAX_ENGINE_ARGS_BYTES = 256, 4096, 32 * 1024
+MAX_NAMES = 256
+"""Lists and maps of names (a cluster's pools, allowed regions, traffic sources)."""
+MAX_GPU_TYPES, MAX_CERTIFICATIONS, MAX_SCHEDULE_WINDOWS = 32, 32, 64
 
 Name = Annotated[
     str,
@@ -34,6 +45,13 @@ Name = Annotated[
 GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
 CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-secret|none):\S+$"
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_KEY)]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)]
+EngineArg = Annotated[str, StringConstraints(max_length=MAX_ENGINE_ARG)]
+
+
+def _text(max_length: int = MAX_TEXT) -> Any:
+    return StringConstraints(max_length=max_length)
 
 
 class Spec(BaseModel):
@@ -73,13 +91,15 @@ class ProviderSpec(Spec):
         "type in manifests and responses (kind: Provider)."
     )
     provider_class: ProviderClass
-    certifications: list[Certification] = Field(default_factory=list)
-    credentials_ref: Annotated[str, StringConstraints(pattern=CREDENTIALS_REF)] | None = Field(
+    certifications: list[Certification] = Field(default_factory=list, max_length=MAX_CERTIFICATIONS)
+    credentials_ref: (
+        Annotated[str, StringConstraints(pattern=CREDENTIALS_REF, max_length=MAX_TEXT)] | None
+    ) = Field(
         default=None,
         description="Where the credentials live, never the secret: env:NAME, file:/path, "
         "vault:path, aws-secretsmanager:arn, gcp-secretmanager:name, k8s-secret:ns/name.",
     )
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
     @field_validator("certifications")
     @classmethod
@@ -134,12 +154,12 @@ class PoolSpec(Spec):
     purchase_type: PurchaseType
     gpus: int = Field(ge=0, description="GPUs in the pool now (held or immediately usable).")
     gpus_per_instance: int = Field(default=8, ge=1, le=64)
-    instance_type: str | None = None
+    instance_type: Annotated[str, _text(63)] | None = None
     price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
     term_start: datetime | None = None
     term_end: datetime | None = None
     committed_gpus: int | None = Field(default=None, ge=0)
-    capacity_reservation_id: str | None = None
+    capacity_reservation_id: Annotated[str, _text(128)] | None = None
     quota_gpus: int | None = Field(default=None, ge=0)
     interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
     notice_seconds: int | None = Field(default=None, ge=0)
@@ -185,8 +205,10 @@ class PoolSpec(Spec):
 class ClusterSpec(Spec):
     name: Name
     region: Name
-    endpoint: AnyHttpUrl | None = None
-    pools: list[Name] = Field(default_factory=list, description="Pools this cluster may draw on.")
+    endpoint: Annotated[AnyHttpUrl, UrlConstraints(max_length=MAX_TEXT)] | None = None
+    pools: list[Name] = Field(
+        default_factory=list, max_length=MAX_NAMES, description="Pools this cluster may draw on."
+    )
     cordoned: bool = Field(default=False, description="True: receives no new replicas.")
 
     @field_validator("pools")
@@ -197,11 +219,11 @@ class ClusterSpec(Spec):
 
 class ScheduleEntry(Spec):
     days: list[Annotated[int, Field(ge=0, le=6)]] = Field(
-        default_factory=lambda: [0, 1, 2, 3, 4], description="0 = Monday."
+        default_factory=lambda: [0, 1, 2, 3, 4], max_length=7, description="0 = Monday."
     )
     start: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
     end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
-    timezone: str = "UTC"
+    timezone: Annotated[str, _text(64)] = "UTC"
     min_replicas: int = Field(ge=0)
 
 
@@ -266,7 +288,7 @@ class AutoscalingSpec(Spec):
         description="With min_replicas 0: no load for this long scales to zero. "
         "Deprecated alias: scale_to_zero_idle_s.",
     )
-    schedule: list[ScheduleEntry] = Field(default_factory=list)
+    schedule: list[ScheduleEntry] = Field(default_factory=list, max_length=MAX_SCHEDULE_WINDOWS)
 
     @model_validator(mode="before")
     @classmethod
@@ -286,11 +308,15 @@ class AutoscalingSpec(Spec):
 
 
 class PlacementSpec(Spec):
-    allowed_jurisdictions: list[str] = Field(
-        default_factory=list, description="ISO 3166 codes; empty: anywhere."
+    allowed_jurisdictions: list[Annotated[str, _text(2)]] = Field(
+        default_factory=list, max_length=MAX_NAMES, description="ISO 3166 codes; empty: anywhere."
     )
-    allowed_regions: list[Name] = Field(default_factory=list, description="Empty: any region.")
-    required_certifications: list[Certification] = Field(default_factory=list)
+    allowed_regions: list[Name] = Field(
+        default_factory=list, max_length=MAX_NAMES, description="Empty: any region."
+    )
+    required_certifications: list[Certification] = Field(
+        default_factory=list, max_length=MAX_CERTIFICATIONS
+    )
     spot_allowed: bool = False
     max_spot_fraction: float = Field(default=0.5, ge=0, le=1)
     min_distinct_providers: int = Field(
@@ -328,18 +354,38 @@ class PlacementSpec(Spec):
 
 class DeploymentSpec(Spec):
     name: Name
-    model_id: Annotated[str, StringConstraints(min_length=1, max_length=255)]
-    model_revision: str = "main"
-    engine_image: str = "vllm/vllm-openai:v0.32.0"
-    engine_args: list[str] = Field(default_factory=list)
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
+    model_revision: Annotated[str, _text(128)] = "main"
+    engine_image: Annotated[str, _text()] = "vllm/vllm-openai:v0.32.0"
+    engine_args: list[EngineArg] = Field(
+        default_factory=list,
+        max_length=MAX_ENGINE_ARGS,
+        description=f"At most {MAX_ENGINE_ARGS} arguments of {MAX_ENGINE_ARG} characters, "
+        f"{MAX_ENGINE_ARGS_BYTES // 1024} KiB in all.",
+    )
     gpus_per_replica: int = Field(ge=1, le=64)
-    gpu_types: list[GpuTypeName] = Field(min_length=1, description="Acceptable GPU types.")
+    gpu_types: list[GpuTypeName] = Field(
+        min_length=1, max_length=MAX_GPU_TYPES, description="Acceptable GPU types."
+    )
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
-    traffic: dict[str, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict, description="Where requests come from: region name → weight."
+    traffic: dict[Annotated[str, _text(63)], Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        max_length=MAX_NAMES,
+        description="Where requests come from: region name → weight.",
     )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _fits_a_snapshot(cls, v: list[str]) -> list[str]:
+        size = sum(len(arg.encode()) for arg in v)
+        if size > MAX_ENGINE_ARGS_BYTES:
+            raise ValueError(
+                f"{size} bytes in all, above the limit of {MAX_ENGINE_ARGS_BYTES} bytes; pass "
+                "long values in a file the engine reads (e.g. --chat-template /path/to/file)"
+            )
+        return v
 
     @field_validator("gpu_types")
     @classmethod

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
+from controlplane.api.limits import BodyLimitMiddleware
 from controlplane.api.observed import observed_routers
 from controlplane.api.placement import placement_router
 from controlplane.api.schemas import HealthOut
@@ -204,6 +205,7 @@ def create_app(
     app.state.verifier = TokenVerifier(factory)
     app.state.on_inventory_change = on_inventory_change or (lambda kind: None)
     app.state.dispatch_procurement = dispatch_procurement or (lambda actions: None)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api_max_body_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(
         ControlPlaneError,

@@ -3,6 +3,11 @@
 Generations only move forward: the write is a compare-and-set on the key's KV revision,
 and a snapshot whose generation is not above the stored one is refused, so a slow or
 restarted publisher can never overwrite a newer snapshot.
+
+A snapshot bigger than the server's `max_payload` is never sent (NATS would refuse it and
+close the connection): `DesiredPublisher.publish` raises `DesiredStateTooLarge` before any
+write, so one oversized cluster cannot stop the others. A deleted cluster's key is retired
+with an empty snapshot one generation above the stored one, so that its agent stops.
 """
 
 from __future__ import annotations
@@ -11,14 +16,40 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
+from prometheus_client import Counter
 
 from controlplane.contracts import DesiredState, decode_desired, desired_key, encode
 
 log = logging.getLogger(__name__)
 
 MAX_CAS_ATTEMPTS = 10
+HEADER_ROOM = 512
+"""Bytes of `max_payload` left for the KV write's headers (expected-sequence and the like)."""
+
+TOO_LARGE = Counter(
+    "gpufleet_bus_desired_too_large_total",
+    "Desired-state snapshots not sent because they exceed the NATS server's max_payload",
+    ["cluster"],
+)
+
+
+class DesiredStateTooLarge(Exception):
+    """The encoded snapshot does not fit in one NATS message; nothing was written."""
+
+    def __init__(self, state: DesiredState, size: int, limit: int) -> None:
+        self.state, self.size, self.limit = state, size, limit
+        super().__init__(
+            f"desired state of {state.cluster} at generation {state.generation} is {size} "
+            f"bytes; the NATS server's max_payload is {limit} bytes ({HEADER_ROOM} of them "
+            "kept for headers)"
+        )
+
+    def biggest(self, n: int = 3) -> list[tuple[str, int]]:
+        """The deployments that weigh most in the snapshot: (name, encoded bytes)."""
+        sizes = [(d.name, len(d.model_dump_json())) for d in self.state.deployments]
+        return sorted(sizes, key=lambda s: (-s[1], s[0]))[:n]
 
 
 @dataclass(frozen=True)
@@ -72,19 +103,45 @@ async def publish_desired(kv: KeyValue, state: DesiredState) -> PublishResult:
     )
 
 
+async def retire_desired(kv: KeyValue, cluster: str) -> PublishResult | None:
+    """A deleted cluster: store an empty snapshot one generation above the stored one, so
+    that its agent stops every replica. None when there is nothing to retire (no key, or
+    the stored snapshot is already empty), so retiring again is harmless."""
+    stored, _ = await current_desired(kv, cluster)
+    if stored is None or (not stored.deployments and not stored.instances):
+        return None
+    empty = DesiredState(cluster=cluster, generation=stored.generation + 1)
+    return await publish_desired(kv, empty)
+
+
+async def stored_clusters(kv: KeyValue) -> set[str]:
+    """The clusters that have a desired-state key in the bucket."""
+    try:
+        return set(await kv.keys())
+    except NoKeysError:
+        return set()
+
+
 class DesiredPublisher:
     """`publish_desired` with the last written revision remembered per cluster.
 
     The common case — we wrote the previous snapshot ourselves — is then one round trip:
     a compare-and-set against the revision we wrote. If anyone else wrote in between the
     CAS fails and we fall back to read-compare-write, so the guarantee is unchanged.
+    `max_payload` (the server's, from the connection's INFO) bounds what is sent.
     """
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, max_payload: int | None = None) -> None:
         self._kv = kv
+        self._max_payload = max_payload
         self._last: dict[str, tuple[int, int]] = {}  # cluster -> (generation, kv revision)
 
     async def publish(self, state: DesiredState) -> PublishResult:
+        """Raises `DesiredStateTooLarge` (writing nothing) if the snapshot cannot be sent."""
+        size = len(encode(state))
+        if self._max_payload is not None and size + HEADER_ROOM > self._max_payload:
+            TOO_LARGE.labels(cluster=state.cluster).inc()
+            raise DesiredStateTooLarge(state, size, self._max_payload)
         known = self._last.get(state.cluster)
         if known is not None and known[0] < state.generation:
             try:

@@ -2,6 +2,9 @@
 
 A cluster's `desired_generation` is bumped whenever what it should run changes; the bus
 process publishes a full snapshot at that generation (newest wins on the agent side).
+A removal (a deployment, pool or cluster deleted, a cluster leaving a pool, a pool emptied)
+bumps the clusters it affects in its own transaction, computed before the rows go: a later
+re-plan cannot see what is no longer there.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from controlplane.contracts import (
     AutoscalingPolicy,
@@ -24,7 +28,16 @@ from controlplane.contracts import (
     ScheduleWindow,
 )
 from controlplane.db.columns import deployment_autoscaling
-from controlplane.db.models import Cluster, Deployment, Instance, Placement, Pool, Replica
+from controlplane.db.models import (
+    Cluster,
+    Deployment,
+    Instance,
+    Placement,
+    Pool,
+    Replica,
+    cluster_pools,
+)
+from controlplane.procurement.core import ACTIVE
 from controlplane.specs import AutoscalingSpec
 
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
@@ -40,6 +53,82 @@ def bump_desired(session: Session, cluster_ids: Iterable[str]) -> None:
             .where(Cluster.id.in_(ids))
             .values(desired_generation=Cluster.desired_generation + 1)
         )
+
+
+# what a removal changes -------------------------------------------------------------------
+
+
+def clusters_serving(session: Session, deployment_ids: Iterable[str]) -> set[str]:
+    """Clusters that place or run any of these deployments (a removal elsewhere changes
+    their routing share, or what they run)."""
+    ids = sorted(set(deployment_ids))
+    if not ids:
+        return set()
+    placed = select(Placement.cluster_id).where(Placement.deployment_id.in_(ids))
+    running = select(Replica.cluster_id).where(Replica.deployment_id.in_(ids))
+    return set(session.scalars(placed.union(running)))
+
+
+def removing_deployment(session: Session, deployment: Deployment) -> set[str]:
+    """Clusters whose desired state changes when `deployment` goes: where it is placed or
+    still has replicas (on a draining instance too)."""
+    return clusters_serving(session, [deployment.id])
+
+
+def removing_cluster(session: Session, cluster: Cluster) -> set[str]:
+    """Other clusters whose desired state changes when `cluster` goes: those sharing a
+    deployment with it (their routing share grows). The cluster itself gets no more
+    snapshots: the bus process retires its key (docs/bus.md)."""
+    here = session.scalars(
+        select(Placement.deployment_id).where(Placement.cluster_id == cluster.id)
+    )
+    return clusters_serving(session, here) - {cluster.id}
+
+
+def removing_pool(session: Session, pool: Pool) -> set[str]:
+    """Clusters whose desired state changes when `pool` goes: those placing on it, drawing
+    on it, or holding instances in it."""
+    placed = select(Placement.deployment_id).where(Placement.pool_id == pool.id)
+    linked = select(cluster_pools.c.cluster_id).where(cluster_pools.c.pool_id == pool.id)
+    holding = select(Instance.cluster_id).where(
+        Instance.pool_id == pool.id, Instance.cluster_id.is_not(None)
+    )
+    return (
+        clusters_serving(session, session.scalars(placed))
+        | set(session.scalars(linked))
+        | {c for c in session.scalars(holding) if c is not None}
+    )
+
+
+def withdraw_placements(
+    session: Session, cluster_id: str | None = None, pool_ids: Iterable[str] = ()
+) -> None:
+    """Placements that can no longer stand (the cluster left these pools, or they hold no
+    GPUs): removed now, and the clusters they affect bumped; the re-plan that follows
+    places their replicas elsewhere."""
+    ids = sorted(set(pool_ids))
+    if not ids:
+        return
+    where: list[ColumnElement[bool]] = [Placement.pool_id.in_(ids)]
+    if cluster_id is not None:
+        where.append(Placement.cluster_id == cluster_id)
+    rows = session.execute(select(Placement.deployment_id, Placement.cluster_id).where(*where))
+    gone = rows.all()
+    if not gone:
+        return
+    affected = clusters_serving(session, {d for d, _ in gone}) | {c for _, c in gone}
+    session.execute(delete(Placement).where(*where))
+    bump_desired(session, affected)
+
+
+def pool_is_empty(session: Session, pool: Pool) -> bool:
+    """No GPUs declared and none held by procurement: nothing can run on it."""
+    held = session.scalar(
+        select(func.coalesce(func.sum(Instance.gpus), 0)).where(
+            Instance.pool_id == pool.id, Instance.state.in_(ACTIVE)
+        )
+    )
+    return pool.gpus == 0 and not held
 
 
 def desired_state(session: Session, cluster: Cluster) -> DesiredState:

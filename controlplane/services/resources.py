@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from controlplane.db import models as m
 from controlplane.db.columns import cluster_status, set_status
 from controlplane.errors import InUse, InvalidSpec
+from controlplane.services.desired import removing_cluster, removing_deployment, removing_pool
 from controlplane.specs import (
     ClusterSpec,
     DeploymentSpec,
@@ -31,6 +32,10 @@ from controlplane.specs import (
 Filter = Callable[[Select[Any], str], Select[Any]]
 
 
+def _affects_no_cluster(session: Session, row: Any) -> set[str]:
+    return set()
+
+
 @dataclass(frozen=True)
 class ResourceKind:
     kind: str
@@ -43,6 +48,9 @@ class ResourceKind:
     check_delete: Callable[[Session, Any, bool], None]
     filters: Mapping[str, Filter] = field(default_factory=dict)
     read_role: Role = Role.viewer
+    removing: Callable[[Session, Any], set[str]] = _affects_no_cluster
+    """Ids of the clusters whose desired state changes when the row is deleted; asked
+    before the rows go (their placements and replicas are deleted with them)."""
 
 
 def _by_name(session: Session, row_type: type[Any], name: str, field_name: str) -> Any:
@@ -384,16 +392,19 @@ KINDS: dict[str, ResourceKind] = {
                 "gpu_type": ref_filter(m.Pool.gpu_type_id, m.GpuType),
                 "purchase_type": eq_filter(m.Pool.purchase_type),
             },
+            removing=removing_pool,
         ),
         ResourceKind(
             "Cluster", "clusters", m.Cluster, ClusterSpec, Role.operator,
             _load_cluster, _apply_cluster, _check_delete_cluster,
             {"region": ref_filter(m.Cluster.region_id, m.Region), "state": eq_filter(m.Cluster.state)},
+            removing=removing_cluster,
         ),
         ResourceKind(
             "Deployment", "deployments", m.Deployment, DeploymentSpec, Role.operator,
             _load_deployment, _apply_deployment, _check_delete_deployment,
             {"model_id": eq_filter(m.Deployment.model_id), "gpu_type": _contains(m.Deployment.gpu_types)},
+            removing=removing_deployment,
         ),
         ResourceKind(
             "Token", "tokens", m.ApiToken, TokenSpec, Role.admin,

@@ -1,0 +1,115 @@
+"""Size limits at the API (issue 12 item 11, issue 13 "No size limits"): a body above
+GPUFLEET_API_MAX_BODY_BYTES gets 413, a field above its limit 422 naming field and limit,
+and an object a demanding user writes still fits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import update
+
+from controlplane.db import models as m
+from controlplane.specs import MAX_ENGINE_ARGS_BYTES, MAX_LABELS
+from tests.integration.api import builders as b
+
+MiB = 1024 * 1024
+
+
+def _problem_413(response) -> dict:
+    assert response.status_code == 413, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["limit_bytes"] == MiB
+    assert (
+        "1048576 bytes" in problem["detail"] and "GPUFLEET_API_MAX_BODY_BYTES" in problem["detail"]
+    )
+    return problem
+
+
+def test_the_14_mb_deployment_of_the_report_gets_413_and_is_not_stored(admin):
+    b.seed(admin)
+    huge = b.deployment(engine_args=["--x=" + "y" * (14 * MiB)])
+    _problem_413(admin.post("deployments", huge))
+    assert admin.get("deployments/chat-llm").status_code == 404
+
+
+def test_a_chunked_body_without_a_length_is_cut_off_at_the_limit(admin):
+    b.seed(admin)
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"name": "aws-main", "provider_kind": "aws", "labels": {"a": "'
+        for _ in range(3 * 16):
+            yield b"z" * (64 * 1024)
+        yield b'"}}'
+
+    response = admin.client.put(
+        "/api/v1/providers/aws-main",
+        headers=admin.headers | {"Content-Type": "application/json"},
+        content=chunks(),
+    )
+    assert "content-length" not in response.request.headers
+    _problem_413(response)
+    assert admin.get("providers/aws-main").json()["labels"] == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "hint"),
+    [
+        ("providers", b.provider("p2", labels={f"k{i}": "v" for i in range(MAX_LABELS + 1)}),
+         "labels", "at most 64 items"),
+        ("providers", b.provider("p2", labels={"team": "v" * 257}), "labels.team", "at most 256 characters"),
+        ("providers", b.provider("p2", labels={"k" * 129: "v"}), f"labels.{'k' * 129}.[key]",
+         "at most 128 characters"),
+        ("deployments", b.deployment(engine_args=["--a=" + "x" * 4096]), "engine_args[0]", "at most 4096"),
+        ("deployments", b.deployment(engine_args=["--a"] * 257), "engine_args", "at most 256 items"),
+        ("deployments", b.deployment(engine_args=["--chat-template=" + "x" * 4000] * 9),
+         "engine_args", f"above the limit of {MAX_ENGINE_ARGS_BYTES} bytes"),
+        ("deployments", b.deployment(model_revision="r" * 129), "model_revision", "at most 128"),
+        ("deployments", b.deployment(engine_image="i" * 256), "engine_image", "at most 255"),
+        ("deployments", b.deployment(gpu_types=[f"G{i}" for i in range(33)]), "gpu_types", "at most 32"),
+        ("deployments", b.deployment(traffic={f"r{i}": 1 for i in range(257)}), "traffic", "at most 256"),
+        ("clusters", b.cluster("c2", pools=[f"p{i}" for i in range(257)]), "pools", "at most 256"),
+        ("pools", b.pool("p-new", instance_type="t" * 64), "instance_type", "at most 63"),
+        ("tokens", {"name": "t", "role": "viewer", "description": "d" * 256}, "description", "at most 255"),
+    ],
+)  # fmt: skip
+def test_a_field_above_its_limit_is_a_422_naming_field_and_limit(admin, path, body, field, hint):
+    b.seed(admin)
+    response = admin.post(path, body)
+    assert response.status_code == 422, response.text
+    fields = {e["field"]: e["message"] for e in response.json()["errors"]}
+    assert field in fields, fields
+    assert hint in fields[field]
+
+
+def test_a_demanding_but_reasonable_deployment_fits(admin):
+    """100 engine args of 300 characters, 48 labels of 200: well within every limit."""
+    b.seed(admin)
+    labels = {f"team.example.com/k{i}": "v" * 200 for i in range(48)}
+    assert admin.post("providers", b.provider("lots", labels=labels)).status_code == 201
+    args = [f"--arg-{i}={'x' * 290}" for i in range(100)]
+    created = admin.post("deployments", b.deployment(engine_args=args))
+    assert created.status_code == 201, created.text
+    assert created.json()["engine_args"] == args
+
+
+def test_an_object_stored_before_the_limits_stays_readable_and_must_shrink_to_change(
+    admin, session_factory
+):
+    b.seed(admin)
+    with session_factory() as s, s.begin():
+        s.execute(
+            update(m.Provider)
+            .where(m.Provider.name == "aws-main")
+            .values(labels={f"k{i}": "v" for i in range(500)})
+        )
+    shown = admin.get("providers/aws-main")
+    assert shown.status_code == 200
+    assert len(shown.json()["labels"]) == 500
+    assert len(admin.get("providers").json()["items"]) == 1
+
+    refused = admin.patch("providers/aws-main", {"certifications": ["SOC2"]})
+    assert refused.status_code == 422
+    assert "labels" in {e["field"] for e in refused.json()["errors"]}
+    assert admin.patch("providers/aws-main", {"labels": None}).status_code == 200
