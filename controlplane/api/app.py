@@ -32,6 +32,7 @@ from controlplane.errors import (
     problem_for,
 )
 from controlplane.services.health import database_answers
+from controlplane.services.inventory import Rendered
 from controlplane.services.validation import field_path, friendly
 from controlplane.settings import Settings
 
@@ -203,6 +204,7 @@ def create_app(
     app.state.read_session_factory = make_read_session_factory(factory.kw["bind"])
     app.state.settings = settings
     app.state.verifier = TokenVerifier(factory)
+    app.state.rendered = Rendered()
     app.state.on_inventory_change = on_inventory_change or (lambda kind: None)
     app.state.dispatch_procurement = dispatch_procurement or (lambda actions: None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api_max_body_bytes)

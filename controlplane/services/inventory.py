@@ -12,8 +12,10 @@ import hashlib
 import logging
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -102,13 +104,50 @@ def status_of(kind: ResourceKind, row: Any) -> dict[str, Any]:
     return status
 
 
+class Rendered:
+    """Representations rendered once per row version in this process: reading one object costs
+    one indexed query for its `updated_at` (every ORM and Core update stamps it), and the row is
+    loaded and rendered again only when that moved. Bounded: the least recently read go first."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._bodies: OrderedDict[tuple[str, str], tuple[datetime, int, dict[str, Any]]] = (
+            OrderedDict()
+        )
+
+    def get_json(
+        self, session: Session, kind: ResourceKind, ref: str
+    ) -> tuple[dict[str, Any], int]:
+        """The object's representation (a copy: callers may add to it) and its generation."""
+        column = kind.row.id if _is_uuid(ref) else kind.row.name
+        stamp = session.execute(
+            select(kind.row.id, kind.row.updated_at).where(column == ref)
+        ).first()
+        if stamp is None:
+            raise _not_found(kind, ref)
+        key = (kind.kind, stamp.id)
+        hit = self._bodies.get(key)
+        if hit is not None and hit[0] == stamp.updated_at:
+            self._bodies.move_to_end(key)
+            return dict(hit[2]), hit[1]
+        row = get(session, kind, ref)
+        body = to_json(kind, row)
+        self._bodies[key] = (row.updated_at, row.generation, body)
+        self._bodies.move_to_end(key)
+        while len(self._bodies) > self.capacity:
+            self._bodies.popitem(last=False)
+        return dict(body), row.generation
+
+
+def _not_found(kind: ResourceKind, ref: str) -> NotFound:
+    return NotFound(f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}")
+
+
 def get(session: Session, kind: ResourceKind, ref: str) -> Any:
     column = kind.row.id if _is_uuid(ref) else kind.row.name
     row = session.scalars(select(kind.row).where(column == ref)).first()
     if row is None:
-        raise NotFound(
-            f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}"
-        )
+        raise _not_found(kind, ref)
     return row
 
 
