@@ -20,6 +20,8 @@ import numpy as np
 
 from controlplane.placement import transport
 
+GROUP_COST_STEP = 0.1  # $/GPU-hour: pools of one group cost within about this much
+
 
 def merged_classes(keys: list[tuple]) -> tuple[np.ndarray, int]:
     """Merged class of each class (first-seen order) and their number."""
@@ -48,7 +50,9 @@ def solve(pr: transport.Problem, of: np.ndarray, n_merged: int) -> np.ndarray | 
         w = weight[ms] if weight[ms].sum() > 0 else np.ones(len(ms))
         cost[m] = (w[:, None] * np.where(finite[ms], pr.cost[ms], 0.0)).sum(0) / w.sum()
     cost = np.where(finite[first], cost, np.inf)
-    group = pool_groups(finite[first], [pr.is_spot] + [sp.group for sp in pr.spread])
+    seer = np.where(finite[first].any(axis=0), finite[first].argmax(axis=0), 0)
+    level = np.round(np.nan_to_num(cost[seer, np.arange(n_p)], posinf=-1.0) / GROUP_COST_STEP)
+    group = pool_groups(finite[first], [pr.is_spot, level] + [sp.group for sp in pr.spread])
     n_g = int(group.max()) + 1 if n_p else 0
     free = np.maximum(pr.free, 0).astype(float)
     room = np.bincount(group, weights=free, minlength=n_g)

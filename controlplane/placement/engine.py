@@ -169,9 +169,14 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
             plan.quota[d] = quotas[of[c]]  # one array per merged class: members share it
 
 
+MERGE_COST_STEP = 0.05  # $/GPU-hour: merged classes' location costs differ by less
+
+
 def _merge_key(t: Tables, d: int) -> tuple:
-    """Classes the coarse LP merges: same size, admissible pools and spread asked."""
-    return (t.inp.deployments[d].gpus_per_replica, t.compat(d).tobytes())
+    """Classes the coarse LP merges: same size and admissible pools, and location costs
+    (the traffic's latency term) within about MERGE_COST_STEP of each other."""
+    where = np.round((t.cost(d) - t.unit_cost) / MERGE_COST_STEP).astype(np.int64)
+    return (t.inp.deployments[d].gpus_per_replica, t.compat(d).tobytes(), where.tobytes())
 
 
 def _spread_caps(plan: Plan, members: list[list[int]], kind: str) -> np.ndarray:
