@@ -4,7 +4,8 @@
    moves nothing); surplus replicas and over-committed pools are trimmed, cheapest kept.
 2. quotas: a class-level LP (transport.py: divisibility cuts, spread caps, priority
    penalties) and a small MIP over the pools it split give whole-replica quotas per
-   (class, pool).
+   (class, pool); above MAX_CLASSES classes the LP runs on merged classes x pool groups
+   (coarse.py) and its quotas are floor(x).
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.
