@@ -4,7 +4,8 @@
    moves nothing); surplus replicas and over-committed pools are trimmed, cheapest kept.
 2. quotas: a class-level LP (transport.py: divisibility cuts, spread caps, priority
    penalties) and a small MIP over the pools it split give whole-replica quotas per
-   (class, pool).
+   (class, pool); above MAX_CLASSES classes the LP runs on merged classes x pool groups
+   (coarse.py) and its quotas are floor(x).
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.
@@ -21,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from controlplane.placement import transport
+from controlplane.placement import coarse, transport
 from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement.flow import MAX_CLASSES, ClassFlow
 from controlplane.placement.incremental import replan_deployments
@@ -129,7 +130,7 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
     t = plan.t
     deps = t.inp.deployments
     members = _classes(plan, order)
-    if not members or len(members) > MAX_CLASSES:
+    if not members:
         return
     n_pool = len(t.pool_ids)
     cost = np.full((len(members), n_pool), np.inf)
@@ -150,16 +151,33 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
         transport.Spread(t.pool_provider, _spread_caps(plan, members, "providers")),
         transport.Spread(t.pool_region, _spread_caps(plan, members, "regions")),
     )
-    quotas = transport.solve(
-        transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy(), spread)
-    )
-    if quotas is None:
-        quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
+    problem = transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy(), spread)
+    if len(members) > MAX_CLASSES:  # merged classes x pool groups (coarse.py)
+        of, n_merged = coarse.merged_classes([_merge_key(t, ds[0]) for ds in members])
+        quotas = coarse.solve(problem, of, n_merged)
+        if quotas is None:
+            return
+    else:
+        of = np.arange(len(members))
+        quotas = transport.solve(problem)
+        if quotas is None:
+            quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
     plan.reserved = np.zeros(n_pool, dtype=np.int64)
+    for m in np.unique(of):
+        plan.reserved += quotas[m] * sizes[np.flatnonzero(of == m)[0]]
     for c, ds in enumerate(members):
-        plan.reserved += quotas[c] * sizes[c]
         for d in ds:
-            plan.quota[d] = quotas[c]
+            plan.quota[d] = quotas[of[c]]  # one array per merged class: members share it
+
+
+MERGE_COST_STEP = 0.05  # $/GPU-hour: merged classes' location costs differ by less
+
+
+def _merge_key(t: Tables, d: int) -> tuple:
+    """Classes the coarse LP merges: same size and admissible pools, and location costs
+    (the traffic's latency term) within about MERGE_COST_STEP of each other."""
+    where = np.round((t.cost(d) - t.unit_cost) / MERGE_COST_STEP).astype(np.int64)
+    return (t.inp.deployments[d].gpus_per_replica, t.compat(d).tobytes(), where.tobytes())
 
 
 def _spread_caps(plan: Plan, members: list[list[int]], kind: str) -> np.ndarray:

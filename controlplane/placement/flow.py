@@ -9,7 +9,7 @@ In GPU units the problem over classes is a transportation problem; we solve it w
      a restricted class takes the slot of a flexible one, which moves to a free pool).
 The result, floor(flow / replica size) per (class, pool), becomes replica quotas that the
 deployment-level fill consumes first. Flows stay integral in GPUs; never exceeds capacity.
-Skipped (plain greedy) when there are more than MAX_CLASSES classes.
+Above MAX_CLASSES classes the engine runs the coarse LP (coarse.py) instead of the class LP.
 """
 
 from __future__ import annotations

@@ -297,8 +297,9 @@ def _upper(pr: Problem) -> np.ndarray:
     return np.minimum(upper, np.maximum(pr.demand, 0)[:, None])
 
 
-def solve(pr: Problem) -> np.ndarray | None:
-    """Replica quotas C x P (integral, within free capacity and spot caps), or None."""
+def solve(pr: Problem, rounding_mip: bool = True) -> np.ndarray | None:
+    """Replica quotas C x P (integral, within free capacity and spot caps), or None.
+    Without `rounding_mip` the quotas are floor(x)."""
     try:
         import highspy  # noqa: F401
     except ImportError:  # pragma: no cover - highspy is a dependency; greedy fallback
@@ -316,6 +317,8 @@ def solve(pr: Problem) -> np.ndarray | None:
         present[cs, ps] = True
         model.add(cs, ps)
     # after MAX_ROUNDS: feasible, perhaps not optimal
+    if not rounding_mip:
+        return np.floor(model.solution() + 1e-6).astype(np.int64)
     return _whole(pr, model.solution(), model.reduced_costs()[0])
 
 
