@@ -111,7 +111,11 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
                     result.outcome,
                 )
                 # a new epoch bumps the generation: the next pass publishes it
-                await asyncio.to_thread(claim_if_ahead, factory, state, result)
+                try:
+                    await asyncio.to_thread(claim_if_ahead, factory, state, result)
+                except Exception:  # the database may be away: the next pass tries again
+                    log.exception("checking the desired-state entry of %s failed", state.cluster)
+                    published.pop(state.cluster, None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:

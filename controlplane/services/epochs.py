@@ -89,7 +89,7 @@ def claim_stored(session: Session, cluster_name: str, epoch: int, generation: in
     cluster's numbering (re-read under a row lock: another process may have started one, or
     numbered past it, meanwhile). True if it started one."""
     cluster = session.scalars(
-        select(Cluster).where(Cluster.name == cluster_name).with_for_update()
+        select(Cluster).where(Cluster.name == cluster_name).with_for_update(of=Cluster)
     ).first()
     if cluster is None or issued(cluster, epoch, generation):
         return False
