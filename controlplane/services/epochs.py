@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from controlplane.db.models import Cluster, Event
 
@@ -44,9 +45,22 @@ def start_epoch(session: Session, cluster: Cluster, seen: tuple[int, int], where
         )
         return False
     old = (cluster.desired_epoch, cluster.desired_generation)
-    cluster.desired_epoch = max(cluster.desired_epoch, seen[0]) + 1
-    cluster.desired_generation += 1
-    cluster.observed_generation = 0
+    # in SQL, not from the loaded row: a concurrent bump of the generation is never lost,
+    # and the generation always moves, so the bus process republishes
+    epoch, generation = session.execute(
+        update(Cluster)
+        .where(Cluster.id == cluster.id)
+        .values(
+            desired_epoch=func.greatest(Cluster.desired_epoch, seen[0]) + 1,
+            desired_generation=Cluster.desired_generation + 1,
+            observed_generation=0,
+        )
+        .returning(Cluster.desired_epoch, Cluster.desired_generation)
+        .execution_options(synchronize_session=False)
+    ).one()
+    for key, value in (("desired_epoch", epoch), ("desired_generation", generation),
+                       ("observed_generation", 0)):  # fmt: skip
+        set_committed_value(cluster, key, value)
     message = (
         f"cluster {cluster.name}: {where} holds generation {seen[1]} of epoch {seen[0]}, which "
         f"the control plane never issued (its own: {old[1]} of epoch {old[0]}); desired state "
