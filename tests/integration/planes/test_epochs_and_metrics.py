@@ -78,7 +78,14 @@ class Planes:
 
 @asynccontextmanager
 async def planes(
-    fleet, session_factory, database_url, tmp_path: Path, monkeypatch, *, router: bool = False
+    fleet,
+    session_factory,
+    database_url,
+    tmp_path: Path,
+    monkeypatch,
+    *,
+    router: bool = False,
+    with_agent: bool = True,
 ) -> AsyncIterator[Planes]:
     """NATS as `up` configures it, the bus process (metrics on a free port) and the agent
     (with its router on a free port when ``router``: the memory runtime's replicas have no
@@ -113,10 +120,11 @@ async def planes(
         stop=stop_agent,
         router_address=("127.0.0.1", router_port),
     )
-    tasks = [
-        asyncio.create_task(run_bus(settings, stop_bus, poll_s=0.05)),
-        asyncio.create_task(agent_served),
-    ]
+    tasks = [asyncio.create_task(run_bus(settings, stop_bus, poll_s=0.05))]
+    if with_agent:
+        tasks.append(asyncio.create_task(agent_served))
+    else:
+        agent_served.close()
     try:
         yield Planes(
             server.url,
@@ -199,6 +207,52 @@ async def test_a_generation_never_issued_does_not_wedge_the_plane(
             started = s.scalars(select(m.Event).where(m.Event.type == "DesiredEpochStarted")).all()
         assert started and "never issued" in started[0].message
         assert started[0].data["seen"] == {"epoch": 0, "generation": 10**12}
+
+
+async def test_the_publisher_out_numbers_a_kv_entry_it_never_wrote(
+    fleet, session_factory, database_url, tmp_path: Path, monkeypatch
+):
+    """No agent acknowledges anything here: the bus process alone finds the KV entry ahead."""
+    with session_factory() as s, s.begin():  # (nothing placed: no heartbeat without an agent)
+        bump_desired(s, [s.scalars(select(m.Cluster.id)).one()])
+    async with planes(
+        fleet, session_factory, database_url, tmp_path, monkeypatch, with_agent=False
+    ) as p:
+        conn = await nats.connect(p.nats_url, **p.controlplane.connect_options())  # type: ignore[arg-type]
+        try:
+
+            async def stored() -> DesiredState | None:
+                try:  # (the bus process creates the bucket when it starts)
+                    kv = await conn.jetstream().key_value(DESIRED_BUCKET)
+                    entry = await kv.get(desired_key(CLUSTER))
+                except Exception:
+                    return None
+                return DesiredState.model_validate_json(entry.value or b"")
+
+            async def published() -> bool:
+                return (await stored()) is not None
+
+            await eventually(published, 15, "generation 1 published")
+            first = await stored()
+            assert first is not None and first.version == (0, 1)
+            kv = await conn.jetstream().key_value(DESIRED_BUCKET)
+            await kv.put(
+                desired_key(CLUSTER), encode(first.model_copy(update={"generation": 10**12}))
+            )
+            with session_factory() as s, s.begin():
+                bump_desired(s, [s.scalars(select(m.Cluster.id)).one()])
+
+            async def new_epoch() -> bool:
+                state = await stored()
+                return state is not None and state.epoch == 1
+
+            await eventually(new_epoch, 15, "the snapshot republished in a new epoch")
+            latest = await stored()
+            assert latest is not None and latest.version == (1, 3)
+            cluster = _cluster(session_factory)
+            assert (cluster.desired_epoch, cluster.desired_generation) == (1, 3)
+        finally:
+            await conn.close()
 
 
 async def test_rejected_messages_are_counted_on_both_metrics_endpoints(
