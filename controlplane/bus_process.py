@@ -6,6 +6,10 @@ and publishes each cluster's desired-state snapshot whenever its desired generat
 A cluster nothing was ever placed on (desired generation 0) has no snapshot yet. A snapshot
 too large for the server's max_payload is not sent (an event says so, once per episode) and
 never stops the others; a deleted cluster's key gets an empty snapshot so its agent stops.
+A KV entry ahead of the cluster's numbering (a generation the control plane never issued)
+makes it start a new epoch and republish (`controlplane.services.epochs`). With
+`GPUFLEET_BUS_METRICS_PORT` set it serves its Prometheus metrics (rejected reports among
+them) on that port's `/metrics`.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIServer
 
 import nats
 from nats.js.kv import KeyValue
+from prometheus_client import start_http_server
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,8 +39,8 @@ from controlplane.bus.desired import (
 )
 from controlplane.contracts import DesiredState, decode_desired, desired_key, encode
 from controlplane.db.models import Cluster
-from controlplane.db.session import make_engine, make_session_factory
-from controlplane.services import publication
+from controlplane.db.session import make_engine, make_session_factory, transaction
+from controlplane.services import epochs, publication
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
@@ -121,11 +127,21 @@ class SnapshotLoop:
             return
         self._published[state.cluster] = state.generation
         log.info(
-            "desired state of %s at generation %d: %s",
+            "desired state of %s at generation %d (epoch %d): %s",
             state.cluster,
             state.generation,
+            state.epoch,
             result.outcome,
         )
+        # a KV entry ahead of what we issued: a new epoch bumps the generation, the next tick
+        # publishes it
+        try:
+            if await asyncio.to_thread(claim_if_ahead, self._factory, state, result):
+                return
+        except Exception:  # the database may be away: the next tick tries again
+            log.exception("checking the desired-state entry of %s failed", state.cluster)
+            self._published.pop(state.cluster, None)
+            return
         if state.cluster in self._too_large:
             self._too_large.discard(state.cluster)
             size = len(encode(state))
@@ -158,6 +174,29 @@ class SnapshotLoop:
         return stored is not None and not stored.deployments and not stored.instances
 
 
+def claim_if_ahead(
+    factory: sessionmaker[Session], state: DesiredState, result: PublishResult
+) -> bool:
+    """The KV entry refused ``state`` holding a newer version: a new epoch (True) if the
+    control plane never issued that version; False if it did (another process is ahead)."""
+    if not result.ahead(state):
+        return False
+    with transaction(factory) as session:
+        return epochs.claim_stored(
+            session, state.cluster, result.stored_epoch, result.stored_generation
+        )
+
+
+def serve_metrics(port: int | None, host: str = "127.0.0.1") -> WSGIServer | None:
+    """Serve this process's Prometheus metrics on ``host:port``/metrics (in a thread) until
+    the returned server is shut down; None without a port."""
+    if port is None:
+        return None
+    server, _ = start_http_server(port, addr=host)
+    log.info("bus metrics on http://%s:%d/metrics", host, port)
+    return server
+
+
 def trigger_replan(reason: str) -> None:
     from controlplane.tasks import request_replan
 
@@ -168,6 +207,7 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     user = os.environ.get("GPUFLEET_NATS_USER")
     password = os.environ.get("GPUFLEET_NATS_PASSWORD")
     auth = {"user": user, "password": password} if user and password else {}
+    metrics = serve_metrics(settings.bus_metrics_port)
     nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, **auth)  # type: ignore[arg-type]
     js = nc.jetstream()
     kv = await ensure_bus(js)
@@ -189,6 +229,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     finally:
         await consumer.stop()
         await nc.drain()
+        if metrics is not None:
+            metrics.shutdown()
+            metrics.server_close()
 
 
 def main() -> int:

@@ -254,13 +254,30 @@ class NatsCredentials(Model):
 
 
 class DesiredState(Envelope):
-    """Control plane → one cluster: the full snapshot; the newest generation wins."""
+    """Control plane → one cluster: the full snapshot; the newest ``(epoch, generation)``
+    wins: a newer epoch regardless of generation, within one epoch the higher generation."""
 
     type: Literal["desired_state"] = "desired_state"
     source: str = "controlplane"
     generation: int = Field(ge=1)
+    epoch: int = Field(
+        default=0,
+        ge=0,
+        description="the control plane's numbering of this cluster's generations; it starts a "
+        "new epoch when it finds a generation it never issued (added within v1)",
+    )
     deployments: list[DeploymentDesired] = Field(default_factory=list)
     instances: list[InstanceDesired] = Field(default_factory=list)
+    retired: list[str] = Field(
+        default_factory=list,
+        description="deployments a user deleted recently: drained at once, never kept serving "
+        "through the plane's disappearance grace period (added within v1)",
+    )
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """``(epoch, generation)``: what "newer" compares."""
+        return (self.epoch, self.generation)
 
 
 class ObservedState(Envelope):
@@ -268,6 +285,7 @@ class ObservedState(Envelope):
 
     type: Literal["observed_state"] = "observed_state"
     observed_generation: int = Field(default=0, ge=0)
+    observed_epoch: int = Field(default=0, ge=0, description="epoch of observed_generation")
     agent_version: str = ""
     replicas: list[ReplicaStatus] = Field(default_factory=list)
     deployments: list[DeploymentObserved] = Field(default_factory=list)
@@ -320,6 +338,18 @@ class ReplicasScaled(Envelope):
 class DesiredStateApplied(Envelope):
     type: Literal["desired_state_applied"] = "desired_state_applied"
     generation: int = Field(ge=1)
+    epoch: int = Field(default=0, ge=0, description="epoch of the generation applied")
+
+
+class DeploymentKept(Envelope):
+    """A newer snapshot dropped a deployment that still had traffic here: the plane keeps
+    serving it until ``until`` (its disappearance grace period) unless a snapshot retires
+    it or places it again."""
+
+    type: Literal["deployment_kept"] = "deployment_kept"
+    deployment: str
+    until: datetime
+    reason: str = ""
 
 
 Fact = Annotated[
@@ -329,7 +359,8 @@ Fact = Annotated[
     | NodeUnhealthy
     | CapacityExhausted
     | DesiredStateApplied
-    | ReplicasScaled,
+    | ReplicasScaled
+    | DeploymentKept,
     Field(discriminator="type"),
 ]
 Report = Annotated[
@@ -340,7 +371,8 @@ Report = Annotated[
     | NodeUnhealthy
     | CapacityExhausted
     | DesiredStateApplied
-    | ReplicasScaled,
+    | ReplicasScaled
+    | DeploymentKept,
     Field(discriminator="type"),
 ]
 
@@ -354,6 +386,7 @@ MESSAGE_TYPES: tuple[type[Envelope], ...] = (
     CapacityExhausted,
     DesiredStateApplied,
     ReplicasScaled,
+    DeploymentKept,
 )
 FACT_TYPES: tuple[type[Envelope], ...] = MESSAGE_TYPES[2:]
 

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
         description="`up` serves demo cluster i's OpenAI-compatible router on base + i",
     )
     nats_port: int = 4223
+    bus_metrics_port: int | None = Field(
+        default=None, description="The bus process serves /metrics on this port (none: off)."
+    )
     redis_port: int = 6380
     dashboard_port: int = 8080
     db_pool_size: int = 10

@@ -6,6 +6,9 @@ newer desired generation, every replica change and every ``reconcile_interval``)
 (every ``heartbeat_interval``), autoscale (every ``autoscale_interval`` and at once when a
 request waits for a deployment at zero). NATS or the control plane being unreachable never
 stops it: it keeps reconciling against the last snapshot it persisted (static stability).
+A deployment a newer snapshot drops while it has traffic here keeps serving for
+``disappearance_grace`` (``reconcile.keep_dropped``) unless the snapshot retires it; the
+agent reports each such decision as a ``DeploymentKept`` fact.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from controlplane.contracts import (
     CapacityExhausted,
+    DeploymentDesired,
+    DeploymentKept,
     DeploymentObserved,
     DesiredState,
     DesiredStateApplied,
@@ -40,14 +47,18 @@ from workloadplane.autoscaler_loop import Autoscaler
 from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
 from workloadplane.reconcile import (
+    DEFAULT_DISAPPEARANCE_GRACE,
     DEFAULT_DRAIN_LEAD,
     DrainReplica,
+    Kept,
     StartReplica,
     StopReplica,
+    keep_dropped,
     leaving_replicas,
     reconcile,
     replica_transitions,
     target_replicas,
+    with_kept,
 )
 from workloadplane.router.core import Router
 from workloadplane.runtime.base import Runtime
@@ -91,6 +102,7 @@ class Agent:
         router: Router | None = None,
         changes: ReplicaChanges | None = None,
         drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
+        disappearance_grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
     ) -> None:
         if changes is not None and changes.router is not router:
             raise ValueError("changes must follow the agent's own router: ReplicaChanges(router)")
@@ -98,6 +110,9 @@ class Agent:
         self.drain_lead = drain_lead
         """How long before a draining instance's deadline its replicas drain, ready
         replacement or not (the longest request should finish within it)."""
+        self.disappearance_grace = disappearance_grace
+        """How long a deployment a snapshot dropped keeps serving while it has traffic here
+        (not when the snapshot lists it in ``retired``)."""
         self.router = router
         """The plane's request router, fed here with deployments and replicas (optional)."""
         self.runtime = runtime
@@ -105,6 +120,15 @@ class Agent:
         self.clock = clock
         self.desired: DesiredState | None = store.load()
         self.applied_generation = 0
+        self.applied_epoch = 0
+        """The epoch of ``applied_generation`` (acknowledged and reported with it)."""
+        self.kept: dict[str, Kept] = {}
+        """Deployments a snapshot dropped that are still served (their grace period)."""
+        self.last_traffic: dict[str, datetime] = {}
+        """When each served deployment last had a request in flight or queued here."""
+        self._served: list[DeploymentDesired] = (
+            list(self.desired.deployments) if self.desired else []
+        )
         self.wanted: dict[str, int] = {}
         """Replica counts the local autoscaler wants, per deployment (reconcile clamps them
         into the quota)."""
@@ -170,27 +194,76 @@ class Agent:
         async with self._act_lock:
             replicas = await self.runtime.list_replicas()
             transitions = self._transitions(replicas)
+            effective = self._effective(desired) if desired is not None else None
             if self.router is not None:
-                if desired is not None:
-                    self.router.set_deployments(desired.deployments)
+                if effective is not None:
+                    self.router.set_deployments(effective.deployments)
                 self.router.set_replicas(replicas)
-            if desired is not None:
+            if effective is not None:
                 actions = reconcile(
-                    desired, replicas, self.wanted, now=self.clock(), drain_lead=self.drain_lead
+                    effective, replicas, self.wanted, now=self.clock(), drain_lead=self.drain_lead
                 )
                 await self._carry_out(actions)
-        if desired is not None and desired.generation > self.applied_generation:
-            self.applied_generation = desired.generation
+        if desired is not None and desired.version > (self.applied_epoch, self.applied_generation):
+            self.applied_epoch, self.applied_generation = desired.version
             self._emit(
                 DesiredStateApplied(
                     cluster=self.cluster,
                     source=self.source,
                     time=self.clock(),
                     generation=desired.generation,
+                    epoch=desired.epoch,
                 )
             )
         for fact in transitions:
             self._emit(fact)
+
+    def _note_traffic(self, now: datetime) -> None:
+        if self.router is None:
+            return
+        for d in self._served:
+            in_flight, queued = self.router.load(d.name)
+            if in_flight or queued:
+                self.last_traffic[d.name] = now
+
+    def _effective(self, desired: DesiredState) -> DesiredState:
+        """``desired`` plus the deployments kept through their disappearance grace period;
+        reports each newly kept one (a fact) and each one let go (a log line)."""
+        now = self.clock()
+        self._note_traffic(now)
+        kept = keep_dropped(
+            self._served, self.kept, desired, self.last_traffic, now, self.disappearance_grace
+        )
+        for name, k in sorted(kept.items()):
+            if name not in self.kept:
+                log.warning(
+                    "deployment %s is not in desired generation %s:%s but had traffic here; "
+                    "serving it until %s (disappearance grace)",
+                    name,
+                    desired.epoch,
+                    desired.generation,
+                    k.until.isoformat(),
+                )
+                self._emit(
+                    DeploymentKept(
+                        cluster=self.cluster,
+                        source=self.source,
+                        time=now,
+                        deployment=name,
+                        until=k.until,
+                        reason="dropped by a newer snapshot while it had traffic here",
+                    )
+                )
+        for name in sorted(set(self.kept) - set(kept)):
+            log.info(
+                "deployment %s: disappearance grace over (or placed/retired); letting go", name
+            )
+        self.kept = kept
+        effective = with_kept(desired, kept)
+        self._served = list(effective.deployments)
+        names = {d.name for d in effective.deployments}
+        self.last_traffic = {n: t for n, t in self.last_traffic.items() if n in names}
+        return effective
 
     async def _carry_out(self, actions: list[StartReplica | StopReplica | DrainReplica]) -> None:
         started = False
@@ -217,11 +290,12 @@ class Agent:
         decisions out: drain the replicas a scale-down names, then set ``wanted``."""
         if self.autoscaler is None or self.desired is None:
             return
-        desired = self.desired
+        desired = with_kept(self.desired, self.kept)
         changed = False
         async with self._act_lock:
             replicas = await self.runtime.list_replicas()
             now = self.clock()
+            self._note_traffic(now)
             names = {d.name for d in desired.deployments}
             leaving = leaving_replicas(desired, replicas)
             self.autoscaler.forget(names, {r.replica_id for r in replicas})
@@ -317,6 +391,7 @@ class Agent:
             source=self.source,
             time=self.clock(),
             observed_generation=self.applied_generation,
+            observed_epoch=self.applied_epoch,
             agent_version=AGENT_VERSION,
             replicas=replicas,
             deployments=deployments,
@@ -379,7 +454,10 @@ async def serve(
         host, port = router_address
         tasks.append(
             asyncio.create_task(
-                serve_router(agent.router, host, port, router_stop), name="agent-router"
+                # the agent's own metrics (rejected messages, publish failures) are in this
+                # process's default registry: the router's /metrics serves them too
+                serve_router(agent.router, host, port, router_stop, [REGISTRY]),
+                name="agent-router",
             )
         )
     try:
@@ -413,6 +491,7 @@ async def run_agent(
     changes: ReplicaChanges | None = None,
     router_address: tuple[str, int] | None = None,
     drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
+    disappearance_grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
 ) -> Agent:
     """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent.
     ``changes``: the ``ReplicaChanges`` the runtime was built with, if it reports any."""
@@ -425,6 +504,7 @@ async def run_agent(
         router=router,
         changes=changes,
         drain_lead=drain_lead,
+        disappearance_grace=disappearance_grace,
     )
     await serve(
         agent,

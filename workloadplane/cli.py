@@ -74,6 +74,12 @@ def agent(
         help="Seconds before a draining instance's deadline to drain its replicas even "
         "without a ready replacement [30].",
     ),
+    disappearance_grace: float = typer.Option(
+        120.0,
+        envvar="GPUFLEET_AGENT_DISAPPEARANCE_GRACE_S",
+        help="Seconds a deployment a newer snapshot dropped keeps serving while it has "
+        "traffic here (not when the snapshot retires it: a user deleted it).",
+    ),
     no_fsync: bool = typer.Option(False, "--no-fsync", help="Benchmarks only."),
 ) -> None:
     """Run a workload-plane agent: gpufleet agent --cluster NAME [--nats-url …]."""
@@ -107,6 +113,7 @@ def agent(
             changes=changes,
             router_address=router_address,
             drain_lead=DEFAULT_DRAIN_LEAD if drain_lead is None else timedelta(seconds=drain_lead),
+            disappearance_grace=timedelta(seconds=disappearance_grace),
         )
         await plane_runtime.close(stop_replicas=False)  # a restarted agent adopts them
 

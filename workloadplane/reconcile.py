@@ -20,6 +20,12 @@ nothing. Rules, per deployment:
 - new replicas are put on a non-draining instance of their pool with free GPUs (none free,
   or no instance listed: the pool's capacity is not tracked per machine here);
 - ``draining`` replicas are left alone (the runtime stops them when they are done).
+
+Make before break applies to disappearance too (``keep_dropped``): a deployment a newer
+snapshot no longer lists, which had traffic here within its autoscaling window, keeps being
+served as it was for a grace period (``DEFAULT_DISAPPEARANCE_GRACE``) — a control plane that
+lost sight of the planes must not empty them — unless the snapshot lists it in ``retired``
+(a user deleted it): then it is drained at once. One without recent traffic goes at once.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from controlplane.contracts import (
 )
 
 DEFAULT_DRAIN_LEAD = timedelta(seconds=30)
+DEFAULT_DISAPPEARANCE_GRACE = timedelta(seconds=120)
 
 
 @dataclass(frozen=True)
@@ -269,6 +276,55 @@ def reconcile(
             deployment, by_deployment.get(deployment.name, []), target, instances
         )
     return actions
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A deployment a snapshot dropped, still served as it was until ``until``."""
+
+    deployment: DeploymentDesired
+    until: datetime
+
+
+def keep_dropped(
+    served: Sequence[DeploymentDesired],
+    kept: Mapping[str, Kept],
+    desired: DesiredState,
+    last_traffic: Mapping[str, datetime],
+    now: datetime,
+    grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
+) -> dict[str, Kept]:
+    """The deployments to keep serving although ``desired`` does not list them.
+
+    ``served``: what the plane served until now (kept ones included); ``kept``: what this
+    returned last time; ``last_traffic``: when each deployment last had a request in flight
+    or queued here. A dropped deployment is kept until ``now + grace`` if it had traffic
+    within its autoscaling window; one already kept stays until its ``until`` (the grace
+    does not restart). Listed again, or in ``desired.retired``, it is not kept."""
+    listed = {d.name for d in desired.deployments}
+    retired = set(desired.retired)
+    out: dict[str, Kept] = {}
+    for d in served:
+        if d.name in listed or d.name in retired:
+            continue
+        before = kept.get(d.name)
+        if before is not None:
+            if now < before.until:
+                out[d.name] = before
+            continue
+        seen = last_traffic.get(d.name)
+        window = timedelta(seconds=d.autoscaling.window_seconds)
+        if seen is not None and now - seen <= window and grace > timedelta(0):
+            out[d.name] = Kept(d, now + grace)
+    return out
+
+
+def with_kept(desired: DesiredState, kept: Mapping[str, Kept]) -> DesiredState:
+    """``desired`` with the kept deployments added, as reconcile and the router see it."""
+    if not kept:
+        return desired
+    extra = [k.deployment for _, k in sorted(kept.items())]
+    return desired.model_copy(update={"deployments": [*desired.deployments, *extra]})
 
 
 FactKind = Literal["started", "failed"]

@@ -1,8 +1,11 @@
 """The agent's memory across restarts: the last desired state, persisted atomically.
 
 Static stability: with NATS or the control plane unreachable, the agent keeps reconciling
-against this snapshot. Generations only move forward: ``should_apply`` refuses anything
-not newer than what the agent already holds, so a late or replayed snapshot changes nothing.
+against this snapshot. Versions only move forward: ``should_apply`` refuses anything not
+newer than what the agent already holds, so a late or replayed snapshot changes nothing.
+A version is ``(epoch, generation)``: a snapshot of a newer epoch wins whatever its
+generation, so the control plane can take a plane back from a generation it never issued
+(a forged or corrupted 10^12) by starting a new epoch.
 
 On disk: two slot files written in turn (``desired-state.0`` and ``.1``), each a header
 line — magic, payload length, CRC-32 — then the snapshot's JSON. A save is one ``pwrite``
@@ -52,10 +55,11 @@ def unframe(data: bytes) -> bytes | None:
 
 
 def should_apply(current: DesiredState | None, incoming: DesiredState, cluster: str) -> bool:
-    """True if ``incoming`` is for this cluster and newer than ``current``."""
+    """True if ``incoming`` is for this cluster and newer than ``current``: a newer epoch,
+    or the same epoch and a higher generation."""
     if incoming.cluster != cluster:
         return False
-    return current is None or incoming.generation > current.generation
+    return current is None or incoming.version > current.version
 
 
 class DesiredStateStore:
@@ -74,7 +78,7 @@ class DesiredStateStore:
 
     def load(self) -> DesiredState | None:
         """The newest valid snapshot, or None if there is none (unreadable ones logged)."""
-        found: list[tuple[int, int, DesiredState]] = []  # (generation, slot, state)
+        found: list[tuple[tuple[int, int], int, DesiredState]] = []  # (version, slot, state)
         for slot, name in enumerate((*SLOT_FILES, STATE_FILE)):
             try:
                 data = (self.state_dir / name).read_bytes()
@@ -89,7 +93,7 @@ class DesiredStateStore:
             except RejectedMessageError as exc:
                 log.error("ignoring unreadable %s (%s)", self.state_dir / name, exc)
                 continue
-            found.append((state.generation, slot, state))
+            found.append((state.version, slot, state))
         if not found:
             return None
         _, slot, newest = max(found, key=lambda f: f[:2])

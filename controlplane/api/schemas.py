@@ -151,6 +151,11 @@ class InstanceRecord(Out):
 class EventRecord(Out):
     id: str
     time: datetime
+    occurred_at: datetime | None = Field(
+        default=None,
+        description="when a plane's fact happened there (its own time; `time` is when the "
+        "control plane received it)",
+    )
     type: str
     object_kind: str
     object_id: str | None

@@ -1,8 +1,11 @@
 """Publish a cluster's DesiredState snapshot into the KV bucket.
 
-Generations only move forward: the write is a compare-and-set on the key's KV revision,
-and a snapshot whose generation is not above the stored one is refused, so a slow or
-restarted publisher can never overwrite a newer snapshot.
+Versions — ``(epoch, generation)`` — only move forward: the write is a compare-and-set on
+the key's KV revision, and a snapshot whose version is not above the stored one is refused,
+so a slow or restarted publisher can never overwrite a newer snapshot. A refusal says
+whether the stored version is *ahead* of ours (``PublishResult.ahead``): the caller then
+checks it against the cluster's numbering and starts a new epoch if the control plane never
+issued it (``controlplane.services.epochs``).
 
 A snapshot bigger than the server's `max_payload` is never sent (NATS would refuse it and
 close the connection): `DesiredPublisher.publish` raises `DesiredStateTooLarge` before any
@@ -54,11 +57,21 @@ class DesiredStateTooLarge(Exception):
 
 @dataclass(frozen=True)
 class PublishResult:
-    """``published``: written; ``stale``: the stored generation is already >= ours."""
+    """``published``: written; ``stale``: the stored version is already >= ours.
+    ``stored_generation``/``stored_epoch``: what the key holds now."""
 
     outcome: Literal["published", "stale"]
     stored_generation: int
     kv_revision: int
+    stored_epoch: int = 0
+
+    @property
+    def stored_version(self) -> tuple[int, int]:
+        return (self.stored_epoch, self.stored_generation)
+
+    def ahead(self, state: DesiredState) -> bool:
+        """True when the key holds a version above ``state``'s (not merely the same one)."""
+        return self.outcome == "stale" and self.stored_version > state.version
 
 
 async def current_desired(kv: KeyValue, cluster: str) -> tuple[DesiredState | None, int]:
@@ -87,8 +100,8 @@ async def publish_desired(kv: KeyValue, state: DesiredState) -> PublishResult:
             # An unreadable stored value must not block the newest snapshot forever.
             log.warning("desired state for %s unreadable; overwriting", state.cluster)
             stored, revision = None, (await kv.get(key)).revision or 0
-        if stored is not None and stored.generation >= state.generation:
-            return PublishResult("stale", stored.generation, revision)
+        if stored is not None and stored.version >= state.version:
+            return PublishResult("stale", stored.generation, revision, stored.epoch)
         try:
             if revision == 0:
                 new_revision = await kv.create(key, payload)
@@ -96,7 +109,7 @@ async def publish_desired(kv: KeyValue, state: DesiredState) -> PublishResult:
                 new_revision = await kv.update(key, payload, last=revision)
         except KeyWrongLastSequenceError:
             continue  # someone wrote in between: re-read and compare again
-        return PublishResult("published", state.generation, new_revision)
+        return PublishResult("published", state.generation, new_revision, state.epoch)
     raise RuntimeError(
         f"could not publish desired state for {state.cluster}: {MAX_CAS_ATTEMPTS} "
         "concurrent-write conflicts in a row; is another control plane publishing?"
@@ -110,7 +123,7 @@ async def retire_desired(kv: KeyValue, cluster: str) -> PublishResult | None:
     stored, _ = await current_desired(kv, cluster)
     if stored is None or (not stored.deployments and not stored.instances):
         return None
-    empty = DesiredState(cluster=cluster, generation=stored.generation + 1)
+    empty = DesiredState(cluster=cluster, generation=stored.generation + 1, epoch=stored.epoch)
     return await publish_desired(kv, empty)
 
 
@@ -134,7 +147,8 @@ class DesiredPublisher:
     def __init__(self, kv: KeyValue, max_payload: int | None = None) -> None:
         self._kv = kv
         self._max_payload = max_payload
-        self._last: dict[str, tuple[int, int]] = {}  # cluster -> (generation, kv revision)
+        # cluster -> ((epoch, generation), kv revision) of the last snapshot we wrote or saw
+        self._last: dict[str, tuple[tuple[int, int], int]] = {}
 
     async def publish(self, state: DesiredState) -> PublishResult:
         """Raises `DesiredStateTooLarge` (writing nothing) if the snapshot cannot be sent."""
@@ -143,7 +157,7 @@ class DesiredPublisher:
             TOO_LARGE.labels(cluster=state.cluster).inc()
             raise DesiredStateTooLarge(state, size, self._max_payload)
         known = self._last.get(state.cluster)
-        if known is not None and known[0] < state.generation:
+        if known is not None and known[0] < state.version:
             try:
                 revision = await self._kv.update(
                     desired_key(state.cluster), encode(state), last=known[1]
@@ -151,8 +165,8 @@ class DesiredPublisher:
             except KeyWrongLastSequenceError:
                 pass  # someone else wrote: compare against what is stored now
             else:
-                self._last[state.cluster] = (state.generation, revision)
-                return PublishResult("published", state.generation, revision)
+                self._last[state.cluster] = (state.version, revision)
+                return PublishResult("published", state.generation, revision, state.epoch)
         result = await publish_desired(self._kv, state)
-        self._last[state.cluster] = (result.stored_generation, result.kv_revision)
+        self._last[state.cluster] = (result.stored_version, result.kv_revision)
         return result

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
@@ -107,6 +108,7 @@ class Cluster(ManagedMixin, Base):
     agent_version: Mapped[str | None] = mapped_column(String(32))
     last_heartbeat_at: Mapped[datetime | None]
     desired_generation: Mapped[int] = mapped_column(Integer, default=0)
+    desired_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     observed_generation: Mapped[int] = mapped_column(Integer, default=0)
     nats_user: Mapped[str | None] = mapped_column(String(63))
     nats_password_hash: Mapped[str | None] = mapped_column(String(255))
@@ -212,6 +214,8 @@ class Event(Base):
     __table_args__ = (Index("ix_events_object", "object_kind", "object_id"),)
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     time: Mapped[datetime] = mapped_column(server_default=func.now(), default=utcnow, index=True)
+    occurred_at: Mapped[datetime | None] = mapped_column()
+    """When a fact happened on its plane (its envelope's time, bounded); `time`: received."""
     type: Mapped[str] = mapped_column(String(64))
     object_kind: Mapped[str] = mapped_column(String(32))
     object_id: Mapped[str | None] = mapped_column(String(36))

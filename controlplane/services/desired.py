@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import timedelta
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -29,6 +30,7 @@ from controlplane.contracts import (
 )
 from controlplane.db.columns import deployment_autoscaling
 from controlplane.db.models import (
+    AuditEntry,
     Cluster,
     Deployment,
     Instance,
@@ -43,6 +45,8 @@ from controlplane.specs import AutoscalingSpec
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
 """Order of a deployment's pools in `pool_quotas`: a plane that scales up inside its quota
 fills paid-for capacity first."""
+RETIRED_WITHIN = timedelta(hours=1)
+"""How long a deleted deployment is listed in every snapshot's `retired`."""
 
 
 def bump_desired(session: Session, cluster_ids: Iterable[str]) -> None:
@@ -155,6 +159,8 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
     return DesiredState(
         cluster=cluster.name,
         generation=cluster.desired_generation,
+        epoch=cluster.desired_epoch,
+        retired=retired_deployments(session),
         deployments=[
             _deployment_desired(
                 deployment, by_deployment.get(name, []), total_weight.get(name, 0)
@@ -163,6 +169,21 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
             if name in by_deployment or holds.get(name, 0) > 0
         ],
         instances=_instances(session, cluster),
+    )
+
+
+def retired_deployments(session: Session, within: timedelta = RETIRED_WITHIN) -> list[str]:
+    """Deployments a user deleted within ``within`` (the audit log) that do not exist again:
+    a plane drains them at once instead of keeping them through its disappearance grace."""
+    deleted = select(AuditEntry.resource_name).where(
+        AuditEntry.action == "delete",
+        AuditEntry.resource_kind == "Deployment",
+        AuditEntry.resource_name.is_not(None),
+        AuditEntry.time >= func.now() - within,
+    )
+    existing = select(Deployment.name)
+    return sorted(
+        name for name in session.scalars(deleted.except_(existing)).all() if name is not None
     )
 
 

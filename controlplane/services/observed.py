@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -29,9 +29,13 @@ from controlplane.db.columns import cluster_status, set_status
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
+from controlplane.services import epochs
 from controlplane.services.desired import release_holds
 
 log = logging.getLogger("gpufleet.observed")
+CLOCK_SKEW = timedelta(seconds=5)
+"""How far in the future of its receipt a fact's own time is believed (a plane's clock may
+run ahead a little; beyond that, the receive time stands)."""
 Hook = Callable[[str], None]
 
 
@@ -63,9 +67,7 @@ class DbSink:
                 return None  # an older heartbeat redelivered late: the newer one stands
             cluster.last_heartbeat_at = received_at
             cluster.agent_version = state.agent_version or cluster.agent_version
-            cluster.observed_generation = max(
-                cluster.observed_generation, state.observed_generation
-            )
+            epochs.note_applied(session, cluster, state.observed_epoch, state.observed_generation)
             reason = _revive(session, cluster)
             release_holds(session, _sync_replicas(session, cluster, state))
             if _record_demand(session, cluster, state):
@@ -81,7 +83,7 @@ class DbSink:
                 return None
             session.add(_event_for(cluster, fact, received_at))
             if isinstance(fact, DesiredStateApplied):
-                cluster.observed_generation = max(cluster.observed_generation, fact.generation)
+                epochs.note_applied(session, cluster, fact.epoch, fact.generation)
             if isinstance(fact, ReplicaStarted | ReplicaFailed):
                 ready = _upsert_replica(session, cluster, fact.replica.model_dump())
                 release_holds(session, [ready] if ready else [])
@@ -194,15 +196,25 @@ def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> 
     return changed
 
 
+def occurred_at(fact: Fact, received_at: datetime) -> datetime:
+    """When the fact happened: its envelope's time, but never after ``received_at`` plus
+    ``CLOCK_SKEW`` (a plane's clock far ahead, or a forged time, does not date it later)."""
+    happened = fact.time if fact.time.tzinfo else fact.time.replace(tzinfo=UTC)
+    return min(happened, received_at + CLOCK_SKEW)
+
+
 def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:
     """Deployment-scoped facts (scaling, capacity) are filed under the deployment, so that
-    `gpufleet describe deployment X` shows them; the rest under the cluster."""
+    `gpufleet describe deployment X` shows them; the rest under the cluster. ``time``: when
+    the control plane received it; ``occurred_at``: when it happened on the plane (facts
+    raised while the control plane was down arrive late)."""
     data = fact.model_dump(mode="json", exclude={"id", "schema_version", "source", "cluster"})
     name = type(fact).__name__
     deployment = getattr(fact, "deployment", None)
     return Event(
         id=str(fact.id),
         time=received_at,
+        occurred_at=occurred_at(fact, received_at),
         type=name,
         object_kind="Deployment" if deployment else "Cluster",
         object_id=None if deployment else cluster.id,

@@ -7,6 +7,7 @@ through unchanged except for an added ``replica`` label, families kept together.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -16,7 +17,10 @@ RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, also: Sequence[CollectorRegistry] = ()) -> None:
+        """``also``: registries served beside the router's own (the agent's process
+        metrics, when the router runs in the agent's process)."""
+        self.also = tuple(also)
         r = self.registry = CollectorRegistry(auto_describe=True)
         d = ["deployment"]
         self.requests = Counter(
@@ -109,7 +113,7 @@ class RouterMetrics:
         self.ejections.labels(deployment, replica_id).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(generate_latest(r) for r in self.also)
 
 
 class DeploymentMetrics:

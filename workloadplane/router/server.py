@@ -13,6 +13,8 @@ import asyncio
 import signal
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
 from controlplane.contracts import (
     AutoscalingPolicy,
     DeploymentDesired,
@@ -28,9 +30,16 @@ from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.prober import Prober
 
 
-async def serve_router(router: Router, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve ``router`` on ``host:port`` (and probe its replicas) until ``stop`` is set."""
-    metrics = RouterMetrics()
+async def serve_router(
+    router: Router,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    also_metrics: Sequence[CollectorRegistry] = (),
+) -> None:
+    """Serve ``router`` on ``host:port`` (and probe its replicas) until ``stop`` is set;
+    ``/metrics`` serves ``also_metrics`` beside the router's own."""
+    metrics = RouterMetrics(also_metrics)
     prober = Prober(router, metrics)
     server = HttpServer(RouterApp(router, Dispatcher(router, metrics), metrics))
     await server.start(host, port)
