@@ -1,6 +1,7 @@
 """Active health probes: ``GET /health`` on every ready or draining replica each
 ``probe_interval_s``. A probe that fails or times out ejects the replica (its requests that
-got no byte are retried elsewhere); ``readmit_after`` good probes in a row readmit it. A
+got no byte are retried elsewhere, the streams flowing from it end with an error event, so
+a hung replica holds nothing longer than ``hung_deadline_s``); ``readmit_after`` good probes in a row readmit it. A
 healthy replica's ``/v1/models`` is re-read every ``models_refresh_s`` (LoRA adapters).
 """
 
@@ -34,7 +35,7 @@ class Prober:
             if resp.status != 200:
                 raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)
         except (UpstreamError, TimeoutError) as exc:
-            if self.router.eject(backend, f"health probe: {exc}"):
+            if self.router.eject(backend, f"health probe: {exc or 'timed out'}", hung=True):
                 self.metrics.ejected(backend.deployment, backend.replica_id)
             return
         if self.router.clock() - backend.models_at >= self.config.models_refresh_s:
