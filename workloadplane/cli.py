@@ -2,8 +2,9 @@
 
 A Typer app of its own, registered into the ``gpufleet`` command by ``gpufleet_cli`` (the
 control plane never imports the workload plane). ``agent`` is the plane's composition
-root: router, replica-change relay, runtime and agent are built here and handed to each
-other through their constructors. Heavy imports stay inside the commands so that
+root: the router's view (``RemoteRouter`` for the plane's router in its own process, or an
+in-process ``Router``), replica-change relay, runtime and agent are built here and handed to
+each other through their constructors; ``router --state-dir`` is the plane's router process. Heavy imports stay inside the commands so that
 ``gpufleet --help`` is fast.
 """
 

@@ -79,7 +79,10 @@ def _rejection(status: int, reason: str, message: str, code: str) -> bytes:
 
 
 def _size(n: int) -> str:
-    return f"{n // (1024 * 1024)} MiB" if n % (1024 * 1024) == 0 else f"{n} bytes"
+    for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"
 
 
 class _Connection(asyncio.Protocol):
@@ -180,7 +183,10 @@ class _Connection(asyncio.Protocol):
         self._header_count += 1
         limit = self.limits.max_headers
         if limit is not None and self._header_count > limit:
-            message = f"the request has more than {limit} headers, the most this router takes"
+            message = (
+                f"the request has more than {limit} headers, the most this router takes: "
+                "send fewer headers"
+            )
             self._reject(431, "Request Header Fields Too Large", message, "too_many_headers")
         self._count_head(len(name) + len(value) + 4)
 
