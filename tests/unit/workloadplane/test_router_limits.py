@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from workloadplane.router.httpserver import HttpServer, Limits
 from workloadplane.runtime.process import free_port
@@ -35,7 +35,7 @@ async def serving(limits: Limits) -> AsyncIterator[int]:
         await server.close(grace_s=1)
 
 
-async def answer(port: int, head: bytes, body_parts: list[bytes] = ()) -> tuple[bytes, dict]:
+async def answer(port: int, head: bytes, body_parts: Sequence[bytes] = ()) -> tuple[bytes, dict]:
     """Send ``head`` then each part (stopping quietly if the router shut its side); return
     the status line and the JSON body of the answer."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
