@@ -1,7 +1,8 @@
 """The router's state: deployments, their replicas (backends) and admission queues.
 
-Fed by the agent (``set_deployments`` from the desired state, ``set_replicas`` from the
-runtime's list). ``acquire`` returns a backend with a slot taken, waiting in the
+Fed with ``set_deployments`` (the desired state) and ``set_replicas`` (the runtime's list):
+in the router's own process by ``follower.PlaneFollower`` from the agent's state directory,
+in an agent's process by the agent. ``acquire`` returns a backend with a slot taken, waiting in the
 deployment's queue while every replica is full, ejected or still starting (scale from zero:
 held, not failed); ``release`` frees the slot and dispatches the queue's head. ``eject`` and
 ``readmit`` record a replica's health; *when* to call them is the dispatcher's policy
