@@ -199,6 +199,11 @@ class ProcessRuntime:
             log.exception("replica %s supervision failed", replica.replica_id)
             await self._fail(replica, f"supervision error: {exc!r}")
 
+    def backoff_s(self, deployment: str) -> float:
+        """How long a new replica of ``deployment`` would wait before its launch now: 0
+        after no failure (or a healthy period), then 1, 2, 4 … ``backoff_max_s``."""
+        return self._backoff(deployment)
+
     def _backoff(self, deployment: str) -> float:
         failures = self._failures.get(deployment, 0)
         if failures == 0:
