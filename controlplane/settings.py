@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     cluster_stale_after_s: float = 15.0
     cluster_down_after_s: float = 60.0
     load_demo_fleet: bool = True
+    agent_metrics_base_port: int = Field(
+        default=0,
+        ge=0,
+        description="`up` serves demo cluster i's agent metrics on 127.0.0.1:base + i/metrics "
+        "(0: not served; the routers' /metrics serve the data path's)",
+    )
     up_status_every_s: float = Field(
         default=15.0,
         gt=0,

@@ -2,8 +2,9 @@
 
 A Typer app of its own, registered into the ``gpufleet`` command by ``gpufleet_cli`` (the
 control plane never imports the workload plane). ``agent`` is the plane's composition
-root: router, replica-change relay, runtime and agent are built here and handed to each
-other through their constructors. Heavy imports stay inside the commands so that
+root: the router's view (``RemoteRouter`` for the plane's router in its own process, or an
+in-process ``Router``), replica-change relay, runtime and agent are built here and handed to
+each other through their constructors; ``router --state-dir`` is the plane's router process. Heavy imports stay inside the commands so that
 ``gpufleet --help`` is fast.
 """
 
@@ -64,8 +65,15 @@ def agent(
     engine_python: str | None = typer.Option(
         None, help="Python of the engine's venv (default: the cached vLLM CPU venv)."
     ),
+    router_url: str | None = typer.Option(
+        None,
+        help="The plane's router, run as its own process (gpufleet router --state-dir), on "
+        "loopback: http://127.0.0.1:PORT. Its load drives autoscaling and drains.",
+    ),
     router_port: int | None = typer.Option(
-        None, help="Serve the plane's OpenAI-compatible router on this port."
+        None,
+        help="Serve the plane's router inside this agent's process on this port instead "
+        "(development and tests: an agent crash then cuts the data path).",
     ),
     router_host: str = typer.Option("127.0.0.1"),
     heartbeat_interval: float = typer.Option(5.0),
@@ -80,26 +88,47 @@ def agent(
         help="Seconds a deployment a newer snapshot dropped keeps serving while it has "
         "traffic here (not when the snapshot retires it: a user deleted it).",
     ),
+    metrics_port: int | None = typer.Option(
+        None,
+        envvar="GPUFLEET_AGENT_METRICS_PORT",
+        help="Serve the agent's own metrics (rejected messages, publish failures) on "
+        "127.0.0.1:PORT/metrics; with --router-port the router's /metrics serves them too.",
+    ),
     no_fsync: bool = typer.Option(False, "--no-fsync", help="Benchmarks only."),
 ) -> None:
     """Run a workload-plane agent: gpufleet agent --cluster NAME [--nats-url …]."""
     from workloadplane.agent import ReplicaChanges, load_credentials, run_agent
     from workloadplane.reconcile import DEFAULT_DRAIN_LEAD
     from workloadplane.router.core import Router
+    from workloadplane.router.remote import RemoteRouter
 
     logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    if router_url is not None and router_port is not None:
+        raise typer.BadParameter("give --router-url (its own process) or --router-port, not both")
     state = Path(state_dir or f".gpufleet/agent-{cluster}")
-    router = Router() if router_port is not None else None
-    router_address = (router_host, router_port) if router_port is not None else None
     credentials = load_credentials(cluster, credentials_file)
 
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")  # a thread; lives with the process
+
     async def main() -> None:
+        router: Router | None = None
+        remote: RemoteRouter | None = None
+        if router_url is not None:
+            host, _, port = router_url.split("://", 1)[-1].rstrip("/").rpartition(":")
+            router = remote = RemoteRouter(host or "127.0.0.1", int(port))
+        elif router_port is not None:
+            router = Router()
+        router_address = (router_host, router_port) if router_port is not None else None
         changes = ReplicaChanges(router)
         plane_runtime = _make_runtime(runtime, engine, engine_python, state, changes, router)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        following = asyncio.create_task(remote.follow()) if remote is not None else None
         await run_agent(
             cluster,
             nats_url,
@@ -115,6 +144,9 @@ def agent(
             drain_lead=DEFAULT_DRAIN_LEAD if drain_lead is None else timedelta(seconds=drain_lead),
             disappearance_grace=timedelta(seconds=disappearance_grace),
         )
+        if following is not None and remote is not None:
+            following.cancel()
+            remote.close()
         await plane_runtime.close(stop_replicas=False)  # a restarted agent adopts them
 
     # everything built so far lives as long as the process: keep it out of the collector's
@@ -161,14 +193,35 @@ def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
 def router(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8080),
-    replica: list[str] = typer.Option([], help="deployment=url (repeat for each replica)."),
-    concurrency: int = typer.Option(256, help="Per-replica limit."),
+    state_dir: str | None = typer.Option(
+        None,
+        help="The plane's agent state directory (its --state-dir): serve its replicas and "
+        "deployments, whether the agent runs or not.",
+    ),
+    replica: list[str] = typer.Option(
+        [], help="deployment=url (repeat for each replica): fixed replicas instead."
+    ),
+    concurrency: int = typer.Option(256, help="Per-replica limit (fixed replicas)."),
     queue_max_wait: float = typer.Option(120.0, help="Seconds a request may wait."),
+    max_body_bytes: int = typer.Option(
+        16 * 1024 * 1024,
+        envvar="GPUFLEET_ROUTER_MAX_BODY_BYTES",
+        help="Largest request body; larger ones get 413 [16 MiB].",
+    ),
 ) -> None:
-    """Run the plane's router standalone on fixed replicas (benchmarks, demos)."""
-    from workloadplane.router.server import run_static
+    """Run the plane's router: gpufleet router --state-dir DIR --port P (the plane's data
+    path, its own process), or on fixed replicas with --replica (benchmarks, demos)."""
+    from workloadplane.router.core import RouterConfig
+    from workloadplane.router.server import run_plane, run_static
 
-    run_static(host, port, replica, concurrency, queue_max_wait)
+    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    config = RouterConfig(queue_max_wait_s=queue_max_wait, max_body_bytes=max_body_bytes)
+    if state_dir is not None:
+        if replica:
+            raise typer.BadParameter("give --state-dir or --replica, not both")
+        run_plane(host, port, Path(state_dir), config)
+    else:
+        run_static(host, port, replica, concurrency, config)
 
 
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}

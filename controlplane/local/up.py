@@ -92,6 +92,12 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
     ]
     for i, (cluster, creds) in enumerate(sorted(agents.items())):
         state = data / "agents" / cluster
+        router_port = settings.router_base_port + i
+        # the plane's data path is a process of its own: an agent crash costs no request
+        router_argv = ["router", "--state-dir", str(state), "--port", str(router_port)]
+        children.append(
+            Child(f"router-{cluster}", [py, "-m", "gpufleet_cli", *router_argv], port=router_port)
+        )
         children.append(
             Child(
                 f"agent-{cluster}",
@@ -112,10 +118,14 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                     "enginesim",
                     "--engine-python",
                     py,
-                    "--router-port",
-                    str(settings.router_base_port + i),
+                    "--router-url",
+                    f"http://127.0.0.1:{router_port}",
+                    *(
+                        ["--metrics-port", str(settings.agent_metrics_base_port + i)]
+                        if settings.agent_metrics_base_port
+                        else []
+                    ),
                 ],
-                port=settings.router_base_port + i,
                 after_stop=lambda state=state: stop_recorded_replicas(state / "runtime"),
             )
         )

@@ -90,6 +90,8 @@ class RouterApp:
             await self.scrape(send)
         elif method == "GET" and path == b"/health":
             await _respond(send, 200, b"", b"text/plain")
+        elif method == "GET" and path == b"/internal/load":
+            await _respond(send, 200, json.dumps(self.router.load_report()).encode())
         else:
             message = (
                 f"no route {method} {path.decode()}: use /v1/chat/completions, "
@@ -268,11 +270,14 @@ class RouterApp:
                 if gone is not None and gone.done():
                     raise ClientGoneError
             complete = True
-        except UpstreamError:
-            log.warning("replica stream broke after the first byte (deployment %s)", dep)
+        except UpstreamError as exc:
+            log.warning("replica stream broke after the first byte (deployment %s): %s", dep, exc)
             if stream:  # no [DONE]: the client must not take a cut stream for a whole one
                 error = errors.error_body(
-                    "the replica failed mid-stream", "upstream_error", "stream_broken"
+                    f"the replica failed mid-stream ({exc}); the answer is incomplete: "
+                    "send the request again",
+                    "upstream_error",
+                    "stream_broken",
                 )
                 chunk = b"data: " + error + b"\n\n"
                 await send({"type": "http.response.body", "more_body": True, "body": chunk})

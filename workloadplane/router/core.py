@@ -1,7 +1,8 @@
 """The router's state: deployments, their replicas (backends) and admission queues.
 
-Fed by the agent (``set_deployments`` from the desired state, ``set_replicas`` from the
-runtime's list). ``acquire`` returns a backend with a slot taken, waiting in the
+Fed with ``set_deployments`` (the desired state) and ``set_replicas`` (the runtime's list):
+in the router's own process by ``follower.PlaneFollower`` from the agent's state directory,
+in an agent's process by the agent. ``acquire`` returns a backend with a slot taken, waiting in the
 deployment's queue while every replica is full, ejected or still starting (scale from zero:
 held, not failed); ``release`` frees the slot and dispatches the queue's head. ``eject`` and
 ``readmit`` record a replica's health; *when* to call them is the dispatcher's policy
@@ -17,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from controlplane.contracts import DeploymentDesired, ReplicaStatus
 from workloadplane.health import ReplicaHealth
@@ -41,6 +43,8 @@ class RouterConfig:
     """Per-replica in-flight limit for every deployment (else its target_concurrency)."""
     probe_interval_s: float = 0.5
     probe_timeout_s: float = 1.0
+    """A replica that stops answering is ejected within ``hung_deadline_s`` (interval +
+    timeout: 1.5 s), and a stream flowing from it is ended then with an SSE error event."""
     readmit_after: int = 2
     first_byte_timeout_s: float = 2.0
     """Deadline for the response head of a streaming request (non-streaming heads come
@@ -50,6 +54,17 @@ class RouterConfig:
     prefix_chars: int = 1024
     load_factor: float = 1.25
     models_refresh_s: float = 10.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body (16 MiB: a 1M-token prompt is ~4 MiB of text; room for JSON
+    escaping and a few inline images). Larger ones get 413, enforced while reading."""
+    max_headers: int = 100
+    max_header_bytes: int = 64 * 1024
+    """Request line + headers; more headers or bytes get 431."""
+
+    @property
+    def hung_deadline_s(self) -> float:
+        """The longest a hung replica keeps its place (and its streams) before ejection."""
+        return self.probe_interval_s + self.probe_timeout_s
 
 
 class QueueFullError(Exception):
@@ -96,6 +111,12 @@ class Backend:
         for ticket in list(self.in_flight):
             ticket.abort(reason)
 
+    def cut_flowing(self, reason: str) -> None:
+        """End every response flowing from this replica (its clients get an error event)."""
+        for ticket in list(self.in_flight):
+            if ticket.started and ticket.cut is not None:
+                ticket.cut(reason)
+
 
 def _host_port(endpoint: str) -> tuple[str, int]:
     rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
@@ -117,6 +138,8 @@ class Ticket:
     """Response bytes came from the replica: no retry possible any more."""
     cancel: Abort | None = None
     """Aborts the request's upstream exchange (set while one is in progress)."""
+    cut: Abort | None = None
+    """Ends the response being relayed (set once its head came): a hung replica's stream."""
 
     def abort(self, reason: str) -> None:
         """Abort the exchange in progress, unless response bytes already came."""
@@ -277,6 +300,26 @@ class Router:
         backend = self.backends.get(replica_id)
         return backend.outstanding if backend is not None else 0
 
+    def load_report(self) -> dict[str, Any]:
+        """The load the agent's autoscaler and drains read when the router runs in its own
+        process (``GET /internal/load``; ``remote.RemoteRouter`` is the reader): per
+        deployment in flight, queued and ``at_zero`` (requests wait and no replica is ready
+        or starting: scale from zero); per replica its in-flight count and its state as the
+        router routes it."""
+        deployments = {
+            name: {
+                "in_flight": entry.in_flight(),
+                "queued": len(entry.queue),
+                "at_zero": bool(entry.queue)
+                and not any(b.state in ("ready", "starting") for b in entry.backends.values()),
+            }
+            for name, entry in self.deployments.items()
+        }
+        replicas = {
+            rid: {"in_flight": b.outstanding, "state": b.state} for rid, b in self.backends.items()
+        }
+        return {"deployments": deployments, "replicas": replicas}
+
     def serving_backends(self) -> list[Backend]:
         """Replicas that answer now (ready or draining, not ejected)."""
         return [b for b in self.backends.values() if b.serving]
@@ -387,9 +430,15 @@ class Router:
             self._pump(entry)
 
     # --- health ---------------------------------------------------------------------------
-    def eject(self, backend: Backend, reason: str) -> bool:
+    def eject(self, backend: Backend, reason: str, *, hung: bool = False) -> bool:
         """Stop routing to ``backend``; its requests that got no byte yet are aborted (their
-        dispatcher retries them). True if it was routable until now."""
+        dispatcher retries them). ``hung``: it stopped answering its health probe, so the
+        streams flowing from it end too (within ``hung_deadline_s``, not when the client
+        gives up). True if it was routable until now."""
+        if hung:
+            backend.cut_flowing(
+                f"replica {backend.replica_id} stopped answering (hung or dead): {reason}"
+            )
         if not backend.health.failed(self.clock(), reason):
             return False
         log.warning("replica %s ejected: %s", backend.replica_id, reason)

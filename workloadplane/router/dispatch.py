@@ -82,6 +82,7 @@ class Dispatcher:
                 self._failed(backend, ticket, f"answered {resp.status}", f"status_{resp.status}")
                 continue
             ticket.started = True
+            ticket.cut = resp.cut  # a hung replica's probe ends the relay (Router.eject)
             return Exchange(self.router, backend, ticket, resp)
         assert last_error is not None
         raise last_error

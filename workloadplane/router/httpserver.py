@@ -9,6 +9,12 @@ head out before any body (SSE) sends an empty body message with ``more_body`` ri
 Per connection one request runs at a time; pipelined ones wait, answered in order.
 ``receive()`` returns the whole body first, then waits until the client disconnects
 (``http.disconnect``). Sends after a disconnect are dropped.
+
+``Limits`` bound what a client may send, checked while reading (before the app runs): a
+declared ``content-length`` or a body (chunked too) above ``max_body_bytes`` gets 413, more
+than ``max_headers`` headers or ``max_header_bytes`` of request line + headers get 431, each
+an OpenAI-shaped error naming the limit; the response is written, the sending side shut,
+the rest of the upload discarded, then the connection closed.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import contextlib
 import http
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
+
+from workloadplane.router import errors
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +53,44 @@ _SERVER_ERROR = (
     b"content-length: 21\r\nconnection: close\r\n\r\ninternal server error"
 )
 
+_DISCARD_FOR_S = 5.0
+"""After a rejection, how long the rest of an upload is read and dropped before closing (so
+the client reads the answer instead of a reset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int | None = None
+    max_headers: int | None = None
+    max_header_bytes: int | None = None
+
+
+class _Rejected(Exception):
+    """Raised from a parser callback to stop parsing a request that broke a limit."""
+
+
+def _rejection(status: int, reason: str, message: str, code: str) -> bytes:
+    body = errors.error_body(message, "invalid_request_error", code)
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"
+
 
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, runs the app for each, writes responses."""
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
+        self.limits = server.limits
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -63,6 +104,11 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._scope: Scope | None = None
         self._keep_alive_parsed = True
+        self._header_count = 0
+        self._header_bytes = 0
+        self._body_bytes = 0
+        self._rejection: bytes | None = None
+        self._discarding = False
         # the request being answered
         self._request_body = b""
         self._body_taken = False
@@ -93,6 +139,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.seen = True
+        if self._discarding or self._rejection is not None:
+            return  # the rest of a rejected upload
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -105,7 +153,14 @@ class _Connection(asyncio.Protocol):
                 self._keep_alive = False
             else:
                 self.abort(_BAD_REQUEST)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Rejected) and self._rejection is not None:
+                if self.task is None and not self.pending:
+                    self._reject_now()
+                elif self.transport is not None and not self._reading_paused:
+                    self._reading_paused = True  # answered once the requests before it are
+                    self.transport.pause_reading()
+                return
             self.abort(_BAD_REQUEST)
 
     def pause_writing(self) -> None:
@@ -117,12 +172,62 @@ class _Connection(asyncio.Protocol):
     # --- parser callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body = b"", [], []
+        self._header_count, self._header_bytes, self._body_bytes = 0, 0, 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
+        self._header_count += 1
+        limit = self.limits.max_headers
+        if limit is not None and self._header_count > limit:
+            message = (
+                f"the request has more than {limit} headers, the most this router takes: "
+                "send fewer headers"
+            )
+            self._reject(431, "Request Header Fields Too Large", message, "too_many_headers")
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, n: int) -> None:
+        self._header_bytes += n
+        limit = self.limits.max_header_bytes
+        if limit is not None and self._header_bytes > limit:
+            message = (
+                f"the request line and headers exceed {_size(limit)}, the most this router "
+                "takes: send fewer or shorter headers"
+            )
+            self._reject(431, "Request Header Fields Too Large", message, "headers_too_large")
+
+    def _reject_body(self, size: str) -> None:
+        limit = self.limits.max_body_bytes
+        assert limit is not None
+        message = (
+            f"the request body ({size}) exceeds this router's limit of {_size(limit)} "
+            f"({limit} bytes): send a shorter prompt, or raise the router's --max-body-bytes"
+        )
+        self._reject(413, "Content Too Large", message, "request_too_large")
+
+    def _reject(self, status: int, reason: str, message: str, code: str) -> None:
+        self._rejection = _rejection(status, reason, message, code)
+        raise _Rejected
+
+    def _reject_now(self) -> None:
+        """Answer the rejection, shut our side, drop what the client still sends, close."""
+        assert self._rejection is not None
+        response, self._rejection = self._rejection, None
+        self._discarding = True
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        transport.write(response)
+        if transport.can_write_eof():
+            transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self.loop.call_later(_DISCARD_FOR_S, self.abort, b"")
 
     def on_headers_complete(self) -> None:
         raw_path, _, query = self._url.partition(b"?")
@@ -142,11 +247,21 @@ class _Connection(asyncio.Protocol):
             "client": None,
         }
         self._keep_alive_parsed = self.parser.should_keep_alive()
+        limit = self.limits.max_body_bytes
+        if limit is not None:
+            for name, value in self._headers:
+                if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
+                    self._reject_body(f"content-length {int(value)}")
         if (b"expect", b"100-continue") in self._headers:
             self._continue_owed = True  # sent once every response before it went out
             self._send_continue()
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        limit = self.limits.max_body_bytes
+        if limit is not None and self._body_bytes > limit:
+            self._body = []
+            self._reject_body(f"more than {limit} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -184,6 +299,9 @@ class _Connection(asyncio.Protocol):
             return
         if self.pending:
             self._start(*self.pending.popleft())
+            return
+        if self._rejection is not None:
+            self._reject_now()
             return
         self._send_continue()
         if self._reading_paused and self.transport is not None:
@@ -285,9 +403,12 @@ class HttpServer:
     """Serves ``app`` on ``host:port``; idle keep-alive connections close after
     ``keep_alive_s`` to ``2 × keep_alive_s``."""
 
-    def __init__(self, app: App, *, keep_alive_s: float = 15.0) -> None:
+    def __init__(
+        self, app: App, *, keep_alive_s: float = 15.0, limits: Limits | None = None
+    ) -> None:
         self.app = app
         self.keep_alive_s = keep_alive_s
+        self.limits = limits or Limits()
         self.connections: set[_Connection] = set()
         self.loop: asyncio.AbstractEventLoop  # set by start()
         self._server: asyncio.Server | None = None

@@ -1,17 +1,22 @@
-"""Running the router: inside the agent's event loop, or standalone on static backends.
+"""Running the router: as the plane's own process, standalone on static backends, or inside
+an agent's event loop (tests, development).
 
 ``serve_router`` is the router's composition root: metrics, dispatcher, prober and the HTTP
-app are built here and handed to each other. ``gpufleet router --port 8080 --replica
-chat=http://127.0.0.1:8001 ...`` (``workloadplane/cli.py``) serves fixed replicas
-(benchmarks, demos); the agent instead feeds the router from its runtime and desired state
-(``gpufleet agent --router-port``).
+app are built here and handed to each other. ``gpufleet router --state-dir DIR --port 8080``
+(``run_plane``) is the plane's data path in a process of its own: it follows the agent's
+state directory (``follower.PlaneFollower``), so an agent crash costs nothing in flight.
+``gpufleet router --port 8080 --replica chat=http://127.0.0.1:8001 ...`` (``run_static``)
+serves fixed replicas (benchmarks, demos).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -25,7 +30,8 @@ from controlplane.contracts import (
 from workloadplane.router.app import RouterApp
 from workloadplane.router.core import Router, RouterConfig
 from workloadplane.router.dispatch import Dispatcher
-from workloadplane.router.httpserver import HttpServer
+from workloadplane.router.follower import PlaneFollower
+from workloadplane.router.httpserver import HttpServer, Limits
 from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.prober import Prober
 
@@ -36,12 +42,25 @@ async def serve_router(
     port: int,
     stop: asyncio.Event,
     also_metrics: Sequence[CollectorRegistry] = (),
+    *,
+    follower: PlaneFollower | None = None,
 ) -> None:
     """Serve ``router`` on ``host:port`` (and probe its replicas) until ``stop`` is set;
-    ``/metrics`` serves ``also_metrics`` beside the router's own."""
+    ``/metrics`` serves ``also_metrics`` beside the router's own; with ``follower``, the
+    router is fed from the plane's state directory meanwhile."""
+    config = router.config
     metrics = RouterMetrics(also_metrics)
     prober = Prober(router, metrics)
-    server = HttpServer(RouterApp(router, Dispatcher(router, metrics), metrics))
+    limits = Limits(
+        max_body_bytes=config.max_body_bytes,
+        max_headers=config.max_headers,
+        max_header_bytes=config.max_header_bytes,
+    )
+    server = HttpServer(RouterApp(router, Dispatcher(router, metrics), metrics), limits=limits)
+    following = None
+    if follower is not None:
+        follower.poll()  # the replica table and deployments before the first request
+        following = asyncio.create_task(follower.run(), name="router-follow")
     await server.start(host, port)
     prober.start()
     try:
@@ -49,6 +68,10 @@ async def serve_router(
     finally:
         await server.close()
         await prober.close()
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         router.close()
 
 
@@ -82,24 +105,44 @@ def static_fleet(
 
 
 def run_static(
-    host: str, port: int, replicas: Sequence[str], concurrency: int, queue_max_wait_s: float
+    host: str, port: int, replicas: Sequence[str], concurrency: int, config: RouterConfig
 ) -> None:
     """Serve the ``name=url`` replicas until SIGTERM or SIGINT (uvloop when installed)."""
-    router = Router(RouterConfig(queue_max_wait_s=queue_max_wait_s))
+    router = Router(config)
     deployments, statuses = static_fleet(replicas, concurrency)
     router.set_deployments(deployments)
     router.set_replicas(statuses)
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve_router(router, host, port, stop)
+        await serve_router(router, host, port, _stop_on_signals())
 
+    _run_fast(run())
+
+
+def run_plane(host: str, port: int, state_dir: Path, config: RouterConfig) -> None:
+    """Serve the plane whose agent keeps its state in ``state_dir`` until SIGTERM or SIGINT:
+    the replica table from the runtime's record, deployments from the last snapshot."""
+    router = Router(config)
+
+    async def run() -> None:
+        follower = PlaneFollower(router, state_dir)
+        await serve_router(router, host, port, _stop_on_signals(), follower=follower)
+
+    _run_fast(run())
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _run_fast(main: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(run())
+        asyncio.run(main)
     else:
-        uvloop.run(run())
+        uvloop.run(main)

@@ -114,6 +114,13 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamAborted(reason))
             self.close()
 
+    def cut(self, reason: str) -> None:
+        """End a response whose head came but whose body has not: its reader gets
+        ``UpstreamError`` (bytes came: no retry) and the connection is closed."""
+        if self._head is not None and self._head.done() and not self._done and not self.closed:
+            self._fail(UpstreamError(reason, before_first_byte=False))
+            self.close()
+
     def begin(self, request: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
         self.headers, self.status, self._chunks = [], 0, collections.deque()
@@ -162,6 +169,10 @@ class Response:
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._conn.body()])
+
+    def cut(self, reason: str) -> None:
+        """End the body now (the replica stopped sending): ``body()`` raises UpstreamError."""
+        self._conn.cut(reason)
 
     def discard(self) -> None:
         """Close the connection without reading the body: the response is not wanted."""

@@ -7,8 +7,10 @@ the exit code means nothing and health is what counts — an exit or ``unhealthy
 failed checks in a row make it ``failed`` (its process group is killed). Reconcile then
 stops it and starts a replacement (whose launch waits out the backoff). ``drain`` marks it
 ``draining`` (the router stops sending to it), waits for its in-flight requests up to the
-deadline, then SIGTERM, then SIGKILL. Replicas are recorded in ``state_dir`` so a restarted
-agent adopts the processes that still run instead of restarting them.
+deadline, then SIGTERM, then SIGKILL. Replicas are recorded in ``state_dir/replicas.json``
+(with their state, rewritten on every change) so a restarted agent adopts the processes that
+still run instead of restarting them, and so the plane's router, a process of its own, keeps
+its replica table from it (``read_replicas``) whether the agent runs or not.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class ProcessRuntime:
         replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
         self._replicas[replica_id] = replica
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
+        self._save()  # the router sees it starting at once (requests wait for it)
         return replica.status(self.config.host)
 
     async def stop(self, replica_id: str) -> None:
@@ -195,6 +198,11 @@ class ProcessRuntime:
         except Exception as exc:  # an agent must never crash on a replica
             log.exception("replica %s supervision failed", replica.replica_id)
             await self._fail(replica, f"supervision error: {exc!r}")
+
+    def backoff_s(self, deployment: str) -> float:
+        """How long a new replica of ``deployment`` would wait before its launch now: 0
+        after no failure (or a healthy period), then 1, 2, 4 … ``backoff_max_s``."""
+        return self._backoff(deployment)
 
     def _backoff(self, deployment: str) -> float:
         failures = self._failures.get(deployment, 0)
@@ -338,6 +346,8 @@ class ProcessRuntime:
         return self.state_dir / "replicas.json"
 
     def _save(self) -> None:
+        """Record every replica but failed ones; one not launched yet (backing off) has no
+        pid: adoption skips it, the router counts it as starting."""
         rows = [
             {
                 "replica_id": r.replica_id,
@@ -346,12 +356,14 @@ class ProcessRuntime:
                 "port": r.port,
                 "gpus": r.gpus,
                 "pid": r.pid,
+                "state": r.state,
+                "endpoint": r.status(self.config.host).endpoint,
                 "started_at": r.started_at.isoformat(),
                 "pool": r.pool,
                 "instance": r.instance,
             }
             for r in self._replicas.values()
-            if r.pid is not None and r.state != "failed"
+            if r.state != "failed"
         ]
         tmp = self._record.with_suffix(".tmp")
         tmp.write_text(json.dumps(rows))
@@ -382,6 +394,10 @@ class ProcessRuntime:
                 row.get("instance"),
                 pid=pid,
                 started_at=datetime.fromisoformat(row["started_at"]),
+                # a replica recorded ready stays routable while it is checked again: the
+                # router (its own process) must not stop sending to it because an agent
+                # restarted
+                state="ready" if row.get("state") == "ready" else "starting",
             )
             self.gpus.take(replica.gpus)
             self._replicas[replica.replica_id] = replica
@@ -398,6 +414,35 @@ class ProcessRuntime:
             elif replica.task is not None:
                 replica.task.cancel()
         await self._client.aclose()
+
+
+def read_replicas(runtime_dir: Path) -> list[ReplicaStatus]:
+    """The replicas a ProcessRuntime in ``runtime_dir`` records, as statuses: what the plane's
+    router (a process of its own) routes to. Empty if there is no record yet; a record being
+    replaced is never seen half-written (it is renamed into place)."""
+    try:
+        rows = json.loads((Path(runtime_dir) / "replicas.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    out = []
+    for row in rows:
+        state = row.get("state", "ready")  # records from before states were kept
+        if state not in ("starting", "ready", "draining"):
+            continue
+        endpoint = row.get("endpoint") or f"http://127.0.0.1:{row['port']}"
+        out.append(
+            ReplicaStatus(
+                replica_id=row["replica_id"],
+                deployment=row["deployment"],
+                revision=row["spec"]["revision"],
+                state=state,
+                endpoint=endpoint,
+                started_at=datetime.fromisoformat(row["started_at"]),
+                pool=row.get("pool"),
+                instance=row.get("instance"),
+            )
+        )
+    return out
 
 
 def _alive(pid: int) -> bool:

@@ -182,3 +182,54 @@ async def test_drain_waits_for_in_flight_requests(sim_plane: Plane):
         assert not sim_plane.router.backends[rid].routable
         r = await request
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 30
+
+
+async def test_a_stream_from_a_hung_replica_ends_with_an_error_event_within_the_deadline(
+    sim_plane: Plane,
+):
+    """Issue 12 item 8: a stream whose replica stops sending (SIGSTOP) ended only when the
+    client gave up (~10 s); it must end within the hung deadline, with an OpenAI-shaped SSE
+    error event and no [DONE]."""
+    await sim_plane.apply(make_sim_deployment(replicas=1, engine_args=["--tokens-per-s", "20"]))
+    (rid,) = await sim_plane.wait_ready("chat", 1)
+    events: list[str] = []
+    resume, stopped = None, 0.0
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = chat(max_tokens=200, stream=True)
+            async with client.stream(
+                "POST", f"{sim_plane.url}/v1/chat/completions", json=body
+            ) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    events.append(line)
+                    if len(events) == 3:
+                        resume, stopped = kill(sim_plane.pid(rid), signal.SIGSTOP), time.monotonic()
+        ended_after = time.monotonic() - stopped
+    finally:
+        if resume is not None:
+            resume()
+    assert resume is not None, "the stream never flowed"
+    deadline = sim_plane.router.config.hung_deadline_s
+    assert ended_after <= deadline + 1.0, f"the stream ended {ended_after:.1f}s after the hang"
+    error = json.loads(events[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "stream_broken" and "send the request again" in error["message"]
+    assert "data: [DONE]" not in events
+
+
+async def test_a_body_over_the_routers_limit_gets_413(tmp_path):
+    """Issue 13: the router forwarded a 20 MB body; it has its own limit now, with an
+    OpenAI-shaped 413 a client library reads (the upload is drained, not reset)."""
+    config = RouterConfig(max_body_bytes=4 * 1024 * 1024)
+    async with running_plane(tmp_path, enginesim_template(), router_config=config) as plane:
+        await plane.apply(make_sim_deployment(replicas=1))
+        await plane.wait_ready("chat", 1)
+        big = chat() | {"messages": [{"role": "user", "content": "x" * (20 * 1024 * 1024)}]}
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(f"{plane.url}/v1/chat/completions", json=big)
+            assert r.status_code == 413
+            assert r.json()["error"]["code"] == "request_too_large"
+            assert "4 MiB" in r.json()["error"]["message"]
+            ok = await client.post(f"{plane.url}/v1/chat/completions", json=chat())
+            assert ok.status_code == 200

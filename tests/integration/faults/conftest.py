@@ -51,6 +51,12 @@ class Fleet:
         url = f"http://127.0.0.1:{self.ports['router_base']}/v1/models"
         return httpx.get(url, timeout=5).status_code == 200
 
+    def agent_metrics(self, cluster: str) -> str:
+        """Where the cluster's agent serves its own metrics (the routers are processes apart)."""
+        return (
+            f"http://127.0.0.1:{self.ports['agent_metrics_base'] + CLUSTERS.index(cluster)}/metrics"
+        )
+
     def router(self, cluster: str) -> str:
         return f"http://127.0.0.1:{self.ports['router_base'] + CLUSTERS.index(cluster)}"
 
@@ -79,9 +85,10 @@ class Fleet:
 
 @pytest.fixture(scope="package")
 def fleet() -> Iterator[Fleet]:
-    first = free_port_block(9)
+    first = free_port_block(12)
     names = ("api", "postgres", "nats", "redis", "router_base")
     ports = {name: first + i for i, name in enumerate(names)}
+    ports["agent_metrics_base"] = first + 9  # the PostgreSQL of the suite is at first + 8
     root = Path(tempfile.mkdtemp(prefix="gpufleet-faults-"))
     postgres = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="gpufleet-faults-pg-")), first + 8)
     postgres.init()

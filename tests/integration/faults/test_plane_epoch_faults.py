@@ -74,18 +74,18 @@ def test_a_huge_generation_does_not_wedge_a_plane(fleet: Fleet) -> None:
     assert any(cluster in e["message"] for e in epochs["items"]), epochs
 
 
-def test_the_agents_rejections_are_served_on_its_routers_metrics(fleet: Fleet) -> None:
+def test_the_agents_rejections_are_served_on_its_metrics_endpoint(fleet: Fleet) -> None:
     """Item 10: `gpufleet_agent_rejected_messages_total` existed but no endpoint served it."""
     cluster = _serving(fleet, "eu-assistant")
     metric = 'gpufleet_agent_rejected_messages_total{reason="malformed"}'
 
     def count() -> float:
-        text = httpx.get(fleet.router(cluster) + "/metrics", timeout=10).text
+        text = httpx.get(fleet.agent_metrics(cluster), timeout=10).text
         lines = [line for line in text.splitlines() if line.startswith(metric)]
         return float(lines[0].split()[-1]) if lines else 0.0
 
     before = count()
     asyncio.run(_put_desired(fleet, cluster, lambda value: b"{not json"))
-    _wait_until(lambda: count() >= before + 1, 30, "the rejection on the router's /metrics")
+    _wait_until(lambda: count() >= before + 1, 30, "the rejection on the agent's /metrics")
     # and the plane still serves, and takes the control plane's next snapshot
     assert "eu-assistant" in fleet.models(cluster)

@@ -1,0 +1,124 @@
+"""Both sides of the boundary between the plane's router process and its agent, without
+processes: the router follows the runtime's record and the last snapshot from the agent's
+state directory; the agent's ``RemoteRouter`` turns the router's load report into the
+signals the autoscaler and drains use."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.unit.workloadplane.builders import make_deployment, make_desired, make_replica
+from workloadplane.router.core import Router, Ticket
+from workloadplane.router.follower import PlaneFollower
+from workloadplane.router.remote import RemoteRouter
+from workloadplane.state import DesiredStateStore
+
+
+def record(state_dir: Path, *replicas: tuple[str, str]) -> None:
+    """Write the runtime's record (as ProcessRuntime does): (replica id, state) pairs."""
+    rows = [
+        {"replica_id": rid, "deployment": "chat", "spec": {"model_id": "m", "revision": "r1"},
+         "port": 9000 + i, "gpus": [], "pid": 100 + i, "state": state,
+         "endpoint": f"http://127.0.0.1:{9000 + i}", "started_at": "2026-12-01T00:00:00+00:00"}
+        for i, (rid, state) in enumerate(replicas)
+    ]  # fmt: skip
+    runtime = state_dir / "runtime"
+    runtime.mkdir(exist_ok=True)
+    (runtime / "replicas.json.tmp").write_text(json.dumps(rows))
+    (runtime / "replicas.json.tmp").replace(runtime / "replicas.json")
+
+
+def test_the_router_follows_the_record_and_the_snapshot(tmp_path: Path):
+    router = Router()
+    follower = PlaneFollower(router, tmp_path)
+    follower.poll()  # nothing written yet: nothing served, nothing fails
+    assert router.model_ids() == [] and router.backends == {}
+    DesiredStateStore(tmp_path, fsync=False).save(make_desired(3, make_deployment("chat")))
+    record(tmp_path, ("chat-1", "ready"), ("chat-2", "starting"))
+    follower.poll()
+    assert follower.generation == 3 and router.model_ids() == [("chat", None)]
+    assert {rid: b.routable for rid, b in router.backends.items()} == {
+        "chat-1": True,
+        "chat-2": False,
+    }
+    record(tmp_path, ("chat-1", "draining"), ("chat-2", "ready"))
+    follower.poll()
+    assert router.backends["chat-1"].state == "draining" and router.backends["chat-2"].routable
+    record(tmp_path, ("chat-2", "ready"))
+    follower.poll()
+    assert list(router.backends) == ["chat-2"]
+
+
+def test_a_snapshot_written_during_a_read_is_read_again(tmp_path: Path):
+    """A slot read while the agent writes it looks torn, and the write may not change its
+    stat again: the follower reads every change twice, one poll apart."""
+    router = Router()
+    follower = PlaneFollower(router, tmp_path)
+    store = DesiredStateStore(tmp_path, fsync=False)
+    store.save(make_desired(1, make_deployment("chat")))
+    follower.poll()
+    store.save(make_desired(2, make_deployment("chat"), make_deployment("code")))
+    slot = tmp_path / "desired-state.1"
+    whole = slot.read_bytes()
+    slot.write_bytes(whole[:-1] + b"?")  # what the first read sees: half-written
+    seen = os.stat(slot)
+    follower.poll()
+    assert follower.generation == 1
+    slot.write_bytes(whole)  # the write completes within the same stat
+    os.utime(slot, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    follower.poll()
+    assert follower.generation == 2 and {m for m, _ in router.model_ids()} == {"chat", "code"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def report(**replicas: tuple[int, str]) -> dict:
+    return {
+        "deployments": {"chat": {"in_flight": 3, "queued": 2, "at_zero": False}},
+        "replicas": {r: {"in_flight": n, "state": s} for r, (n, s) in replicas.items()},
+    }
+
+
+def test_the_agent_reads_the_routers_load_across_the_boundary():
+    clock = Clock()
+    remote = RemoteRouter("127.0.0.1", 1, clock=clock)
+    remote.apply_report(report(a=(3, "ready")), clock())
+    assert remote.load("chat") == (3, 2) and remote.replica_in_flight("a") == 3
+    assert remote.load("other") == (0, 0) and remote.replica_in_flight("b") == 0
+    clock.now += 2.5  # the router stopped answering: nothing flows through it
+    assert remote.load("chat") == (0, 0) and remote.replica_in_flight("a") == 0
+
+
+def test_a_drain_waits_until_the_router_has_seen_it():
+    clock = Clock()
+    remote = RemoteRouter("127.0.0.1", 1, clock=clock)
+    remote.set_deployments([make_deployment("chat")])
+    replica = make_replica("a", state="draining").model_copy(update={"endpoint": "http://h:1"})
+    remote.set_replicas([replica])  # the runtime marked it draining, synchronously
+    remote.apply_report(report(a=(0, "ready")), clock())  # the router not yet
+    assert remote.replica_in_flight("a") == 1
+    remote.apply_report(report(a=(0, "draining")), clock())
+    assert remote.replica_in_flight("a") == 0
+
+
+async def test_a_request_waiting_at_zero_wakes_the_agents_autoscaler():
+    router = Router()
+    router.set_deployments([make_deployment("chat", min_=0)])
+    entry = router.deployments["chat"]
+    entry.queue.offer(Ticket(tier=1), 1, router.clock())
+    assert router.load_report()["deployments"]["chat"] == {
+        "in_flight": 0,
+        "queued": 1,
+        "at_zero": True,
+    }
+    remote = RemoteRouter("127.0.0.1", 1)
+    remote.apply_report(json.loads(json.dumps(router.load_report())), remote.clock())
+    assert await remote.scale_from_zero.take(0.1) == {"chat"}

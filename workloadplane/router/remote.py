@@ -1,0 +1,119 @@
+"""The agent's view of the plane's router when the router runs in a process of its own.
+
+A ``Router`` used as a table only (never serves): the agent feeds it deployments and
+replicas as it would an in-process router, so the autoscaler finds the replicas to scrape
+and the concurrency limits where it always did. What only the router process knows — in
+flight per replica and deployment, queue depth, deployments waiting at zero — is read from
+its ``GET /internal/load`` on loopback every ``interval_s`` (``follow``): scale-from-zero
+wake-ups, drains and the autoscaler's signals keep working across the process boundary.
+
+Drains: a replica the runtime has marked ``draining`` counts as busy until the router's
+report shows it draining too (the router learns it from the runtime's record a moment
+later), so a drain never stops a replica the router may still send a request to. A report
+older than ``stale_after_s`` (the router is down or restarting) counts nothing in flight:
+nothing flows through a router that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from workloadplane.router.core import Clock, Router, RouterConfig
+from workloadplane.router.upstream import UpstreamError, UpstreamPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    in_flight: int
+    state: str
+
+
+class RemoteRouter(Router):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        config: RouterConfig | None = None,
+        clock: Clock = time.monotonic,
+        *,
+        interval_s: float = 0.1,
+        stale_after_s: float = 2.0,
+    ) -> None:
+        super().__init__(config, clock)
+        self.interval_s = interval_s
+        self.stale_after_s = stale_after_s
+        self._pool = UpstreamPool(host, port, max_idle=1)
+        self._deployments: dict[str, tuple[int, int]] = {}
+        self._replicas: dict[str, _Seen] = {}
+        self._at = float("-inf")
+        self._unreachable = False
+
+    def apply_report(self, report: dict, now: float) -> None:
+        """Take one ``/internal/load`` answer (``Router.load_report``)."""
+        self._deployments = {
+            name: (int(d["in_flight"]), int(d["queued"]))
+            for name, d in report["deployments"].items()
+        }
+        self._replicas = {
+            rid: _Seen(int(r["in_flight"]), str(r["state"]))
+            for rid, r in report["replicas"].items()
+        }
+        self._at = now
+        for name, d in report["deployments"].items():
+            if d.get("at_zero"):
+                self.scale_from_zero.add(name)
+
+    @property
+    def fresh(self) -> bool:
+        return self.clock() - self._at <= self.stale_after_s
+
+    def load(self, deployment: str) -> tuple[int, int]:
+        return self._deployments.get(deployment, (0, 0)) if self.fresh else (0, 0)
+
+    def replica_in_flight(self, replica_id: str) -> int:
+        if not self.fresh:
+            return 0
+        seen = self._replicas.get(replica_id)
+        if seen is None:
+            return 0
+        mine = self.backends.get(replica_id)
+        if mine is not None and mine.state == "draining" and seen.state != "draining":
+            return max(seen.in_flight, 1)  # the router may still send it a request
+        return seen.in_flight
+
+    async def poll(self) -> None:
+        """One read of the router's load (raises ``UpstreamError``/``TimeoutError``/
+        ``ValueError`` when it does not answer well)."""
+        resp = await self._pool.request(
+            "GET", "/internal/load", head_timeout=1.0, connect_timeout=1.0
+        )
+        body = await asyncio.wait_for(resp.read(), 1.0)
+        resp.release()
+        if resp.status != 200:
+            raise ValueError(f"/internal/load answered {resp.status}")
+        self.apply_report(json.loads(body), self.clock())
+
+    async def follow(self) -> None:
+        """Poll every ``interval_s`` until cancelled; an unreachable router is logged once."""
+        while True:
+            try:
+                await self.poll()
+            except (UpstreamError, TimeoutError, ValueError, KeyError) as exc:
+                if not self._unreachable:
+                    log.warning("the plane's router does not answer /internal/load: %s", exc)
+                self._unreachable = True
+            else:
+                if self._unreachable:
+                    log.info("the plane's router answers again")
+                self._unreachable = False
+            await asyncio.sleep(self.interval_s)
+
+    def close(self) -> None:
+        super().close()
+        self._pool.close()
