@@ -197,7 +197,9 @@ def get(
     where: list[str] = typer.Option(
         [], "--where", "-w", help="API filter KEY=VALUE, e.g. --where provider=aws-main."
     ),
-    limit: int = typer.Option(None, "--limit", help="At most this many (events/audit: 50)."),
+    limit: int = typer.Option(
+        None, "--limit", min=1, help="At most this many, 1 or more (events/audit: 50)."
+    ),
 ) -> None:
     """List objects of a kind, or show one; `-o yaml` prints re-applyable manifests."""
     with reported():
@@ -296,10 +298,15 @@ def delete(
         _delete_one(client, k, name, force, missing_ok=False)
 
 
+API_FORCE = "?force=true"
+
+
 def _delete_one(client: Client, kind: Kind, name: str, force: bool, missing_ok: bool) -> None:
     try:
         client.delete(kind.path, name, force)
     except ApiError as exc:
+        if exc.status == 409:  # the API's hint names its query parameter; ours is the flag
+            exc.message = exc.message.replace(API_FORCE, "--force")
         if exc.status != 404:
             raise
         if not missing_ok:
