@@ -35,7 +35,6 @@ class Settings(BaseSettings):
     )
     nats_port: int = 4223
     redis_port: int = 6380
-    dashboard_port: int = 8080
     db_pool_size: int = 10
     page_size_max: int = 500
     cluster_stale_after_s: float = 15.0

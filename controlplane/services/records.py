@@ -170,6 +170,21 @@ def revisions(session: Session, deployment_ref: str) -> dict[str, Any]:
     return {"items": [plain(r) for r in revs], "next_cursor": None}
 
 
+def models_by_cluster(session: Session) -> dict[str, list[str]]:
+    """Cluster name → the deployments (the `model` a client sends) placed on it, sorted."""
+    rows = session.execute(
+        select(m.Cluster.name, m.Deployment.name)
+        .join(m.Placement, m.Placement.cluster_id == m.Cluster.id)
+        .join(m.Deployment, m.Deployment.id == m.Placement.deployment_id)
+        .where(m.Placement.replicas > 0)
+        .distinct()
+    ).all()
+    out: dict[str, list[str]] = {}
+    for cluster, deployment in sorted(rows):
+        out.setdefault(cluster, []).append(deployment)
+    return out
+
+
 def _encode(at: str, row_id: str) -> str:
     return base64.urlsafe_b64encode(f"{at}|{row_id}".encode()).decode()
 
