@@ -122,7 +122,7 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         procurement.dispatch(done.actions, app.send_task)  # after the commit, see dispatch
         info = done.summary
         cost, actions = info["total_cost_per_hour"], len(done.actions)
-        changed = bool(info["changes"]) or actions > 0 or reason != "timer"
+        changed = bool(info["changes"]) or actions > 0  # a re-plan that moved nothing: DEBUG
         log.log(
             logging.INFO if changed else logging.DEBUG,
             "re-planned (%s): total $%s/h, %d change(s), %d procurement action(s)",
