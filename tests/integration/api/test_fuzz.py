@@ -18,6 +18,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure, FailureGroup
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -26,8 +27,8 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.integration.api import builders as b
 
-EXAMPLES_PER_OPERATION = 15  # per generation mode (valid, invalid)
-BUDGET_S = 90
+EXAMPLES_PER_OPERATION = 15  # per generation mode (valid, invalid): ~1,700 requests
+BUDGET_S = 150  # a ceiling for a loaded machine; the run takes 35-60 s on 2 shared cores
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -46,7 +47,11 @@ def _fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> list
         deadline=None,
         database=None,
         phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+        ],
     )
     @given(case=operation.as_strategy(generation_mode=mode))
     def send(case: Any) -> None:
@@ -66,18 +71,23 @@ def _fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> list
     return list(failures.values())
 
 
-@pytest.mark.timeout(BUDGET_S * 2)
+@pytest.mark.timeout(BUDGET_S + 60)
 def test_the_api_answers_every_generated_request_as_documented(app_client, admin, tokens):
     b.seed(admin)  # so that some generated names hit real objects
     schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app_client.app)
     headers = {"Authorization": f"Bearer {tokens['admin']}"}
     started = time.monotonic()
     failures: list[str] = []
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), (
+            f"the document has an operation schemathesis cannot read: {result.err()}"
+        )
+        operations.append(result.ok())
     assert len(operations) > 50, "the document lost operations: the run would prove little"
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             failures += _fuzz(operation, mode, headers)
     elapsed = time.monotonic() - started
     assert failures == [], f"{len(failures)} distinct failures:\n\n" + "\n\n".join(failures)
-    assert elapsed < BUDGET_S * 2, f"the run took {elapsed:.0f} s; lower EXAMPLES_PER_OPERATION"
+    assert elapsed < BUDGET_S, f"the run took {elapsed:.0f} s; lower EXAMPLES_PER_OPERATION"
