@@ -23,7 +23,8 @@ def _refused(where: str, name: str, char: str) -> InvalidSpec:
         f"contains the control character U+{ord(char):04X}; names, ids and filter values are "
         "printable text, remove it"
     )
-    return InvalidSpec(f"{where} parameter {name!r}: {message}", [FieldError(name, message)])
+    field = f"{where}.{name}"  # as FastAPI names a parameter it refuses (`query.limit`)
+    return InvalidSpec(f"{where} parameter {name!r}: {message}", [FieldError(field, message)])
 
 
 async def reject_control_characters(request: Request) -> None:

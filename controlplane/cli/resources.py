@@ -192,7 +192,11 @@ def diff(file: str = typer.Option(..., "-f", "--filename", help=FILE_HELP)) -> N
 @app.command()
 def get(
     kind: str = typer.Argument(..., help="pools, deployments, clusters, events… (or singular)."),
-    name: str = typer.Argument(None, help="One object by name (by id for read-only kinds)."),
+    name: str = typer.Argument(
+        None,
+        help="One object by name; read-only kinds by id, replicas also by name, instances by "
+        "the ID the table shows.",
+    ),
     output: Output = typer.Option(Output.table, "-o", "--output", help="Output format."),
     where: list[str] = typer.Option(
         [], "--where", "-w", help="API filter KEY=VALUE, e.g. --where provider=aws-main."
@@ -242,7 +246,7 @@ def _names(client: Client, kind: Kind) -> dict[str, str]:
 @app.command()
 def describe(
     kind: str = typer.Argument(..., help="The kind, e.g. deployment."),
-    name: str = typer.Argument(..., help="The object's name."),
+    name: str = typer.Argument(..., help="The object's name (or the id/name `get` shows)."),
     events: int = typer.Option(20, "--events", help="How many recent events to show."),
 ) -> None:
     """Show one object's spec, status and recent events."""

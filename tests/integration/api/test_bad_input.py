@@ -27,14 +27,14 @@ def _problem(response: Any, status: int) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("url", "parameter"),
     [
-        ("replicas?cluster=%00", "cluster"),
-        ("pools/%00", "ref"),
-        ("events?object_name=a%00b", "object_name"),
-        ("audit?actor=%00", "actor"),
-        ("deployments/a%00b/revisions", "ref"),
-        ("providers?provider_kind=x%01", "provider_kind"),
-        ("instances/%7F", "ref"),
-        ("gpu-types?limit=1%00", "limit"),
+        ("replicas?cluster=%00", "query.cluster"),
+        ("pools/%00", "path.ref"),
+        ("events?object_name=a%00b", "query.object_name"),
+        ("audit?actor=%00", "query.actor"),
+        ("deployments/a%00b/revisions", "path.ref"),
+        ("providers?provider_kind=x%01", "query.provider_kind"),
+        ("instances/%7F", "path.ref"),
+        ("gpu-types?limit=1%00", "query.limit"),
     ],
 )
 def test_a_control_character_in_a_parameter_is_a_422_naming_it(admin, url, parameter):
