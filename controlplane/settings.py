@@ -38,7 +38,6 @@ class Settings(BaseSettings):
         default=None, description="The bus process serves /metrics on this port (none: off)."
     )
     redis_port: int = 6380
-    dashboard_port: int = 8080
     db_pool_size: int = 10
     page_size_max: int = 500
     api_max_body_bytes: int = Field(

@@ -24,8 +24,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
 
-from controlplane.jurisdictions import is_jurisdiction
+from controlplane import spec_values
+from controlplane.jurisdictions import ISO_3166_ALPHA2, is_jurisdiction
 
 # Size limits (docs/api.md, "Limits"): roomy for a demanding fleet, small enough that no one
 # object can crowd its cluster's desired-state snapshot out of one NATS message (1 MiB).
@@ -44,6 +46,12 @@ Name = Annotated[
 ]
 GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
+Jurisdiction = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Z]{2}$"),
+    # the document lists the codes the validator below accepts, so clients agree with it
+    WithJsonSchema({"type": "string", "enum": sorted(ISO_3166_ALPHA2)}),
+]
 CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-secret|none):\S+$"
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_KEY)]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)]
@@ -56,6 +64,21 @@ def _text(max_length: int = MAX_TEXT) -> Any:
 
 class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(str(info.field_name))
+        if field is not None and spec_values.bool_for_number(field.annotation, v):
+            raise ValueError("must be a number, not true/false")
+        return v
+
+    @field_validator("*")
+    @classmethod
+    def _no_control_characters(cls, v: Any) -> Any:
+        if char := spec_values.control_character(v):
+            raise ValueError(f"contains the control character U+{ord(char):04X}; remove it")
+        return v
 
 
 def _check_jurisdictions(codes: list[str]) -> list[str]:
@@ -111,7 +134,7 @@ class RegionSpec(Spec):
     name: Name
     provider: Name
     code: Annotated[str, StringConstraints(min_length=1, max_length=63)]
-    jurisdiction: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")] = Field(
+    jurisdiction: Jurisdiction = Field(
         description="ISO 3166-1 alpha-2 country code where the region's data lives."
     )
     latitude: float = Field(ge=-90, le=90)
@@ -308,7 +331,7 @@ class AutoscalingSpec(Spec):
 
 
 class PlacementSpec(Spec):
-    allowed_jurisdictions: list[Annotated[str, _text(2)]] = Field(
+    allowed_jurisdictions: list[Jurisdiction] = Field(
         default_factory=list, max_length=MAX_NAMES, description="ISO 3166 codes; empty: anywhere."
     )
     allowed_regions: list[Name] = Field(

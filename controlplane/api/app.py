@@ -8,17 +8,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.auth import TokenVerifier
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.limits import BodyLimitMiddleware
 from controlplane.api.observed import observed_routers
+from controlplane.api.openapi import install as install_openapi
+from controlplane.api.parameters import reject_control_characters
 from controlplane.api.placement import placement_router
 from controlplane.api.schemas import HealthOut
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
@@ -61,6 +64,42 @@ def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     ]
     detail = "; ".join(f"{f.field}: {f.message}" for f in fields)
     return _problem_response(InvalidSpec(detail, fields), request)
+
+
+HTTP_PROBLEMS = {
+    400: ("Bad request", "bad-request"),
+    404: ("Not found", "not-found"),
+    405: ("Method not allowed", "method-not-allowed"),
+}
+
+
+def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (no route, wrong method, a body it cannot parse) as problems."""
+    assert isinstance(exc, StarletteHTTPException)
+    title, slug = HTTP_PROBLEMS.get(exc.status_code, ("Error", "http-error"))
+    path = request.url.path
+    if exc.status_code == 404:
+        detail = f"no route {path}; the routes are listed at /api/v1/docs"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        detail = f"{request.method} is not allowed on {path}; use one of: {allowed}"
+    elif exc.status_code == 400:
+        detail = (
+            "the request body cannot be parsed (e.g. JSON nested too deep); send a plain "
+            "JSON object"
+        )
+    else:
+        detail = str(exc.detail)
+    problem = Problem(
+        status=exc.status_code,
+        title=title,
+        detail=detail,
+        type=f"https://gpufleet.dev/problems/{slug}",
+        instance=path,
+    )
+    return JSONResponse(
+        problem.to_json(), status_code=exc.status_code, media_type=PROBLEM, headers=exc.headers
+    )
 
 
 def _on_integrity(request: Request, exc: Exception) -> JSONResponse:
@@ -199,7 +238,9 @@ def create_app(
         docs_url="/api/v1/docs",
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(reject_control_characters)],
     )
+    install_openapi(app)
     app.state.session_factory = factory
     app.state.read_session_factory = make_read_session_factory(factory.kw["bind"])
     app.state.settings = settings
@@ -214,6 +255,7 @@ def create_app(
         lambda request, exc: _problem_response(exc, request),  # type: ignore[arg-type]
     )
     app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(IntegrityError, _on_integrity)
     app.add_exception_handler(DBAPIError, _on_database_error)
     app.add_exception_handler(Exception, _on_unexpected)

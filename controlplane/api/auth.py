@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.errors import Forbidden, Unauthenticated
@@ -19,6 +20,12 @@ from controlplane.services import tokens
 from controlplane.services.inventory import hash_token
 from controlplane.specs import Role
 
+BEARER = HTTPBearer(
+    auto_error=False,  # the verifier's 401 says how to get a token
+    scheme_name="bearer",
+    description="An API token (gpf_…): POST /api/v1/tokens, or the admin token printed at "
+    "first start.",
+)
 RANK = {Role.viewer: 0, Role.operator: 1, Role.admin: 2}
 
 
@@ -71,7 +78,10 @@ class TokenVerifier:
 def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
     """A FastAPI dependency admitting `role` and every role above it."""
 
-    async def dependency(request: Request) -> Principal:
+    async def dependency(
+        request: Request,
+        _: HTTPAuthorizationCredentials | None = Security(BEARER),  # documents the scheme
+    ) -> Principal:
         # async: the verifier answers from its cache almost always, so no thread hop
         verifier: TokenVerifier = request.app.state.verifier
         principal = verifier.verify(request.headers.get("authorization"))

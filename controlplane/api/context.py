@@ -36,14 +36,23 @@ def actor_of(request: Request) -> Actor:
     )
 
 
+ANY = "*"
+
+
+def if_match_any(request: Request) -> bool:
+    """`If-Match: *`: any current representation matches (RFC 9110 §13.1.1)."""
+    return (request.headers.get("if-match") or "").strip() == ANY
+
+
 def if_match(request: Request) -> int | None:
+    """The generation If-Match names; None without one, or for `*` (any generation)."""
     raw = request.headers.get("if-match")
-    if raw is None:
+    if raw is None or raw.strip() == ANY:
         return None
     value = raw.strip().removeprefix("W/").strip('"')
     if not value.isdigit():
         raise BadRequest(
-            f'If-Match must be the object\'s generation (e.g. If-Match: "3"), got {raw!r}'
+            f'If-Match must be the object\'s generation (e.g. If-Match: "3") or *, got {raw!r}'
         )
     return int(value)
 

@@ -8,8 +8,16 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
-from controlplane.api.context import actor_of, if_match, list_filters, read_scope, session_scope
+from controlplane.api.context import (
+    actor_of,
+    if_match,
+    if_match_any,
+    list_filters,
+    read_scope,
+    session_scope,
+)
 from controlplane.api.schemas import OBJECTS, PAGES
+from controlplane.errors import NotFound, StaleGeneration
 from controlplane.services import inventory as svc
 from controlplane.services.resources import KINDS, ResourceKind
 
@@ -27,6 +35,17 @@ def _changed(request: Request, kind: ResourceKind) -> None:
     """After a committed change that placement depends on: ask for a re-plan."""
     if kind.path in REPLAN_KINDS:
         request.app.state.on_inventory_change(kind.kind)
+
+
+def _must_exist(session: Any, kind: ResourceKind, ref: str) -> None:
+    """`If-Match: *` on a PUT: replace only an existing object, never create one."""
+    try:
+        svc.get(session, kind, ref)
+    except NotFound:
+        raise StaleGeneration(
+            f"{kind.kind} '{ref}' does not exist and If-Match: * asks for an existing one; "
+            "drop If-Match to create it"
+        ) from None
 
 
 def resource_router(kind: ResourceKind) -> APIRouter:
@@ -91,6 +110,8 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         _: Principal = Depends(writers),
     ) -> JSONResponse:
         with session_scope(request) as session:
+            if if_match_any(request):
+                _must_exist(session, kind, ref)
             result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))
             response = _one(kind, result, 201 if result.created else 200)
         if result.changed:

@@ -36,16 +36,16 @@ def _router(kind: RecordKind) -> APIRouter:
         with read_scope(request) as session:
             return JSONResponse(records.page(session, kind, list_filters(request), limit, cursor))
 
+    by = " or ".join(["id", *kind.names, *(["a unique id prefix"] if kind.id_prefix else [])])
+
     @router.get(
-        "/{object_id}",
-        summary=f"Get one of {kind.path} by id",
+        "/{ref}",
+        summary=f"Get one of {kind.path} by {by}",
         response_model=RECORDS_OUT[kind.path],
     )
-    def get_object(
-        request: Request, object_id: str, _: Principal = Depends(readers)
-    ) -> JSONResponse:
+    def get_object(request: Request, ref: str, _: Principal = Depends(readers)) -> JSONResponse:
         with read_scope(request) as session:
-            return JSONResponse(records.get_one(session, kind, object_id))
+            return JSONResponse(records.get_one(session, kind, ref))
 
     return router
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope, session_scope
@@ -14,20 +14,18 @@ from controlplane.api.schemas import CurrentPlacement, PreviewOut, Replanned
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
 from controlplane.services import what_if
-from controlplane.specs import Role
+from controlplane.specs import Role, Spec
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
 
 
-class ClusterWhatIf(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ClusterWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["cluster"]
     name: str
     state: Literal["healthy", "down", "cordoned"]
 
 
-class PoolWhatIf(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PoolWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["pool"]
     name: str
     gpus: int | None = Field(default=None, ge=0, description="GPUs usable now")
@@ -35,8 +33,7 @@ class PoolWhatIf(BaseModel):
     removed: bool = Field(default=False, description="e.g. the reservation ends")
 
 
-class DeploymentWhatIf(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeploymentWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["deployment"]
     name: str
     replicas: int | None = Field(default=None, ge=0, description="wanted replicas")
@@ -44,8 +41,7 @@ class DeploymentWhatIf(BaseModel):
     priority: int | None = Field(default=None, ge=0, le=1000)
 
 
-class Preview(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Preview(Spec):  # strict like every spec: no bool for a number, no control characters
     changes: list[ClusterWhatIf | PoolWhatIf | DeploymentWhatIf] = Field(
         min_length=1, description="What to pretend, e.g. a cluster down or a reservation ending."
     )

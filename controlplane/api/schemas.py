@@ -34,6 +34,25 @@ class HealthOut(Out):
     """Why it is not ready (e.g. the database driver's one-line error)."""
 
 
+class FieldErrorOut(Out):
+    field: str = Field(description="the field or parameter, e.g. `autoscaling.max_replicas`")
+    message: str = Field(description="what is wrong and what to change")
+
+
+class ProblemOut(Out):
+    """Every error, as RFC 9457 problem JSON (`application/problem+json`)."""
+
+    model_config = ConfigDict(title="Problem")
+    type: str = Field(description="a URI naming the kind of problem")
+    title: str
+    status: int
+    detail: str = Field(description="what went wrong and how to fix it")
+    instance: str | None = Field(default=None, description="the request's path")
+    errors: list[FieldErrorOut] | None = Field(
+        default=None, description="one entry per invalid field"
+    )
+
+
 # --- managed objects -----------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ pydantic model the server uses, so defaults, ordering and number formats never s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -101,9 +101,32 @@ class Document:
     body: dict[str, Any]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML where a key given twice in one mapping is an error (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` may override what it merges: not a duplicate
+            key = self.construct_object(key_node, deep=True)  # pyright: ignore[reportUnknownMemberType]
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):
+                continue  # the base constructor reports an unhashable key
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key '{key}' (first at line {seen[key]}); keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_documents(text: str, filename: str) -> list[Document]:
     """Every non-empty YAML document in `text`; a `kind: List` expands to its items."""
-    loader = yaml.SafeLoader(text)
+    loader = _UniqueKeyLoader(text)
     docs: list[Document] = []
     try:
         while loader.check_node():

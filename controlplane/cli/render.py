@@ -182,8 +182,15 @@ REFERENCES: dict[str, tuple[str, ...]] = {
 }
 
 
+PIPED_WIDTH = 100_000
+"""Not a terminal: no width limit, so a row stays one line for grep and awk (COLUMNS too)."""
+
+
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    out = Console(highlight=False, soft_wrap=False)
+    if out.is_terminal:
+        return out
+    return Console(highlight=False, soft_wrap=False, width=PIPED_WIDTH)
 
 
 def cell(value: Any) -> str:

@@ -192,12 +192,18 @@ def diff(file: str = typer.Option(..., "-f", "--filename", help=FILE_HELP)) -> N
 @app.command()
 def get(
     kind: str = typer.Argument(..., help="pools, deployments, clusters, events… (or singular)."),
-    name: str = typer.Argument(None, help="One object by name (by id for read-only kinds)."),
+    name: str = typer.Argument(
+        None,
+        help="One object by name; read-only kinds by id, replicas also by name, instances by "
+        "the ID the table shows.",
+    ),
     output: Output = typer.Option(Output.table, "-o", "--output", help="Output format."),
     where: list[str] = typer.Option(
         [], "--where", "-w", help="API filter KEY=VALUE, e.g. --where provider=aws-main."
     ),
-    limit: int = typer.Option(None, "--limit", help="At most this many (events/audit: 50)."),
+    limit: int = typer.Option(
+        None, "--limit", min=1, help="At most this many, 1 or more (events/audit: 50)."
+    ),
 ) -> None:
     """List objects of a kind, or show one; `-o yaml` prints re-applyable manifests."""
     with reported():
@@ -240,7 +246,7 @@ def _names(client: Client, kind: Kind) -> dict[str, str]:
 @app.command()
 def describe(
     kind: str = typer.Argument(..., help="The kind, e.g. deployment."),
-    name: str = typer.Argument(..., help="The object's name."),
+    name: str = typer.Argument(..., help="The object's name (or the id/name `get` shows)."),
     events: int = typer.Option(20, "--events", help="How many recent events to show."),
 ) -> None:
     """Show one object's spec, status and recent events."""
@@ -296,10 +302,15 @@ def delete(
         _delete_one(client, k, name, force, missing_ok=False)
 
 
+API_FORCE = "?force=true"
+
+
 def _delete_one(client: Client, kind: Kind, name: str, force: bool, missing_ok: bool) -> None:
     try:
         client.delete(kind.path, name, force)
     except ApiError as exc:
+        if exc.status == 409:  # the API's hint names its query parameter; ours is the flag
+            exc.message = exc.message.replace(API_FORCE, "--force")
         if exc.status != 404:
             raise
         if not missing_ok:

@@ -83,7 +83,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "-A",
                 "controlplane.tasks:celery_app",
                 "beat",
-                "--loglevel=INFO",
+                "--loglevel=WARNING",  # not a "Sending due task" line per schedule (2 a second)
                 "--schedule",
                 str(data / "celerybeat-schedule"),
             ],
@@ -155,7 +155,8 @@ def check_ports(wanted: dict[str, int]) -> None:
     if busy:
         raise UpError(
             f"{', '.join(busy)} already in use; free it or choose another port "
-            "(GPUFLEET_API_PORT, GPUFLEET_POSTGRES_PORT, GPUFLEET_NATS_PORT, GPUFLEET_REDIS_PORT)"
+            "(GPUFLEET_API_PORT, GPUFLEET_POSTGRES_PORT, GPUFLEET_NATS_PORT, GPUFLEET_REDIS_PORT, "
+            "GPUFLEET_ROUTER_BASE_PORT: demo cluster i's router listens on base + i)"
         )
 
 
@@ -430,9 +431,11 @@ def run_up(
             say(f"loaded the demo fleet: {count} objects from {FLEET.relative_to(REPO)}")
         fleet.start_nats()
         fleet.start_processes()
-        _announce(settings, token, say, data, list(fleet.secrets.clusters()))
+        routers = RouterModels(settings, fleet.env["GPUFLEET_DATABASE_URL"], fleet.secrets)
+        _announce(settings, token, say, data, routers.lines())
         every = settings.up_status_every_s
         jobs = [
+            Periodic("reading which models the routers serve", routers.changes, every),
             Periodic(
                 "refreshing the NATS users from the database", fleet.refresh_nats_users, every
             ),
@@ -467,21 +470,69 @@ def _login_cli(url: str, token: str) -> Path | None:
     return save_context(url, token, path)
 
 
+class RouterModels:
+    """Which models (deployment names) each demo cluster's router serves: said at start and
+    again whenever placement changes it."""
+
+    def __init__(self, settings: Settings, database_url: str, secrets: Secrets) -> None:
+        self.settings, self.database_url = settings, database_url
+        self.clusters = sorted(secrets.clusters())
+        self.last: dict[str, list[str]] | None = None
+
+    def read(self) -> dict[str, list[str]]:
+        from controlplane.db.session import make_engine, make_session_factory
+        from controlplane.services.records import models_by_cluster
+
+        engine = make_engine(self.database_url, pool_size=1)
+        try:
+            with make_session_factory(engine)() as session:
+                return models_by_cluster(session)
+        finally:
+            engine.dispose()
+
+    def lines(self, models: dict[str, list[str]] | None = None) -> list[str]:
+        if models is None:
+            models = self.last = self.read()
+        return [
+            router_line(cluster, self.settings.router_base_port + i, models.get(cluster, []))
+            for i, cluster in enumerate(self.clusters)
+        ]
+
+    def changes(self) -> str | None:
+        models = self.read()
+        if models == self.last:
+            return None
+        before, self.last = self.last or {}, models
+        changed = [
+            line
+            for cluster, line in zip(self.clusters, self.lines(models), strict=True)
+            if models.get(cluster, []) != before.get(cluster, [])
+        ]
+        return "\n".join(changed) or None
+
+
+def router_line(cluster: str, port: int, models: list[str]) -> str:
+    serves = (
+        f"serves {', '.join(models)}"
+        if models
+        else "serves no model yet (placement puts them there; up says when)"
+    )
+    return f"  cluster {cluster:<9} OpenAI-compatible router http://127.0.0.1:{port}/v1  {serves}"
+
+
 def _announce(
     settings: Settings,
     token: str | None,
     say: Callable[[str], None],
     data: Path,
-    clusters: list[str],
+    routers: list[str],
 ) -> None:
     url = f"http://{settings.api_host}:{settings.api_port}"
     say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
     say(f"  API        {url}/api/v1   (docs: {url}/api/v1/docs)")
     say("  dashboard  not built yet (see SCOPE.md)")
-    for i, cluster in enumerate(sorted(clusters)):
-        say(
-            f"  cluster {cluster:<9} OpenAI-compatible router http://127.0.0.1:{settings.router_base_port + i}/v1"
-        )
+    for line in routers:
+        say(line)
     if token:
         say(f"  admin token (shown once, keep it): {token}")
         saved = _login_cli(url, token)

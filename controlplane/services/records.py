@@ -16,7 +16,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from controlplane.db import models as m
-from controlplane.errors import BadRequest, NotFound
+from controlplane.errors import BadRequest, Conflict, NotFound
 from controlplane.services import inventory
 from controlplane.services.resources import KINDS, Filter, eq_filter, ref_filter
 from controlplane.specs import Role
@@ -30,6 +30,13 @@ class RecordKind:
     role: Role = Role.viewer
     filters: Mapping[str, Filter] = field(default_factory=dict)
     newest_first: bool = False
+    names: tuple[str, ...] = ()
+    """Columns that name a row besides its id (what the CLI's tables show)."""
+    id_prefix: bool = False
+    """A unique id prefix of at least ID_PREFIX characters names a row too."""
+
+
+ID_PREFIX = 8
 
 
 RECORDS = (
@@ -47,6 +54,7 @@ RECORDS = (
         "replicas",
         m.Replica,
         "created_at",
+        names=("name",),
         filters={
             "deployment": ref_filter(m.Replica.deployment_id, m.Deployment),
             "cluster": ref_filter(m.Replica.cluster_id, m.Cluster),
@@ -57,6 +65,8 @@ RECORDS = (
         "instances",
         m.Instance,
         "created_at",
+        names=("provider_instance_id",),
+        id_prefix=True,
         filters={
             "pool": ref_filter(m.Instance.pool_id, m.Pool),
             "cluster": ref_filter(m.Instance.cluster_id, m.Cluster),
@@ -125,11 +135,32 @@ def page(
     return {"items": [plain(r) for r in rows[:limit]], "next_cursor": next_cursor}
 
 
-def get_one(session: Session, kind: RecordKind, object_id: str) -> dict[str, Any]:
-    row = session.get(kind.row, object_id)
+def get_one(session: Session, kind: RecordKind, ref: str) -> dict[str, Any]:
+    """By id; for replicas also by name, for instances by provider id or a unique id prefix."""
+    row = session.get(kind.row, ref)
     if row is None:
-        raise NotFound(f"no {kind.path} entry with id '{object_id}'")
+        row = _named(session, kind, ref)
+    if row is None:
+        how = " or ".join(["id", *kind.names, *(["id prefix"] if kind.id_prefix else [])])
+        raise NotFound(
+            f"no {kind.path} entry with {how} '{ref}'; list them with GET /api/v1/{kind.path}"
+        )
     return plain(row)
+
+
+def _named(session: Session, kind: RecordKind, ref: str) -> Any:
+    matches = [getattr(kind.row, column) == ref for column in kind.names]
+    if kind.id_prefix and len(ref) >= ID_PREFIX:
+        matches.append(kind.row.id.startswith(ref, autoescape=True))
+    if not matches:
+        return None
+    found = list(session.scalars(select(kind.row).where(or_(*matches)).limit(2)))
+    if len(found) > 1:
+        raise Conflict(
+            f"'{ref}' names more than one of {kind.path}; use the id "
+            f"(`gpufleet get {kind.path} -o wide` shows it)"
+        )
+    return found[0] if found else None
 
 
 def revisions(session: Session, deployment_ref: str) -> dict[str, Any]:
@@ -137,6 +168,21 @@ def revisions(session: Session, deployment_ref: str) -> dict[str, Any]:
     row = inventory.get(session, KINDS["deployments"], deployment_ref)
     revs = sorted(row.revisions, key=lambda r: r.revision)
     return {"items": [plain(r) for r in revs], "next_cursor": None}
+
+
+def models_by_cluster(session: Session) -> dict[str, list[str]]:
+    """Cluster name → the deployments (the `model` a client sends) placed on it, sorted."""
+    rows = session.execute(
+        select(m.Cluster.name, m.Deployment.name)
+        .join(m.Placement, m.Placement.cluster_id == m.Cluster.id)
+        .join(m.Deployment, m.Deployment.id == m.Placement.deployment_id)
+        .where(m.Placement.replicas > 0)
+        .distinct()
+    ).all()
+    out: dict[str, list[str]] = {}
+    for cluster, deployment in sorted(rows):
+        out.setdefault(cluster, []).append(deployment)
+    return out
 
 
 def _encode(at: str, row_id: str) -> str:

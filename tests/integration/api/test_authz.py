@@ -41,9 +41,8 @@ RULES: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/placement/replan"): OP,
 }
 for kind, role in READ.items():
-    param = "{ref}" if kind in INVENTORY_WRITE else "{object_id}"
     RULES[("GET", f"/api/v1/{kind}")] = role
-    RULES[("GET", f"/api/v1/{kind}/{param}")] = role
+    RULES[("GET", f"/api/v1/{kind}/{{ref}}")] = role
 for kind, role in INVENTORY_WRITE.items():
     RULES[("POST", f"/api/v1/{kind}")] = role
     for method in ("PUT", "PATCH", "DELETE"):

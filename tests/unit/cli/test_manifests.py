@@ -204,3 +204,39 @@ def test_a_manifest_in_the_old_spelling_is_sent_and_compared_in_the_new_one() ->
     new = {"max_replicas": 4, "target_concurrency": 16, "scale_to_zero_idle_seconds": 300}
     server = served(deployment(autoscaling=new, placement={"min_distinct_regions": 2}))
     assert plan_one(m, server).action == Action.unchanged
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("kind: GpuType\nname: a\nmemory_gib: 80\nmemory_gib: 90\n", 4, "memory_gib"),
+        ("kind: Pool\nname: a\n---\nkind: Cluster\nname: c\npools: []\nname: d\n", 7, "name"),
+        (
+            "kind: Deployment\nautoscaling:\n  min_replicas: 1\n  min_replicas: 2\n",
+            4,
+            "min_replicas",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_the_key_and_its_line(text, line, key):
+    with pytest.raises(CliError) as refused:
+        parse_documents(text, "fleet.yaml")
+    assert refused.value.exit_code == 2
+    assert refused.value.message.startswith(f"fleet.yaml:{line}: ")
+    assert f"duplicate key '{key}'" in refused.value.message
+
+
+def test_the_same_key_in_sibling_mappings_and_merged_anchors_is_fine():
+    text = "kind: List\nitems:\n  - {kind: GpuType, name: a, memory_gib: 8}\n  - {kind: GpuType, name: b, memory_gib: 8}\n"
+    assert [m.name for m in load_manifests(text, "f.yaml")] == ["a", "b"]
+    merged = (
+        "kind: List\nitems:\n  - &g {kind: GpuType, name: a, memory_gib: 8}\n"
+        "  - {<<: *g, name: b}\n"
+    )
+    assert [m.name for m in load_manifests(merged, "f.yaml")] == ["a", "b"]
+
+
+def test_true_is_not_a_number_in_a_manifest():
+    with pytest.raises(CliError) as refused:
+        load_manifests("kind: GpuType\nname: a\nmemory_gib: true\n", "f.yaml")
+    assert "memory_gib: must be a number" in refused.value.message

@@ -1,0 +1,164 @@
+"""Bad input is a 4xx problem naming what to change, never a 500; the document says so.
+
+Each case here was a 500, a `{"detail": …}` body or a silent coercion before (issue 13).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.db import models as m
+from controlplane.jurisdictions import ISO_3166_ALPHA2
+from tests.integration.api import builders as b
+
+PROBLEM = "application/problem+json"
+
+
+def _problem(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body = response.json()
+    assert body["status"] == status and body["detail"], body
+    return body
+
+
+@pytest.mark.parametrize(
+    ("url", "parameter"),
+    [
+        ("replicas?cluster=%00", "query.cluster"),
+        ("pools/%00", "path.ref"),
+        ("events?object_name=a%00b", "query.object_name"),
+        ("audit?actor=%00", "query.actor"),
+        ("deployments/a%00b/revisions", "path.ref"),
+        ("providers?provider_kind=x%01", "query.provider_kind"),
+        ("instances/%7F", "path.ref"),
+        ("gpu-types?limit=1%00", "query.limit"),
+    ],
+)
+def test_a_control_character_in_a_parameter_is_a_422_naming_it(admin, url, parameter):
+    response = admin.client.get(f"/api/v1/{url}", headers=admin.headers)  # the URL as written
+    body = _problem(response, 422)
+    assert body["errors"][0]["field"] == parameter
+    assert "control character" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("providers", b.provider("p-nul", labels={"team": "a\u0000b"}), "labels"),
+        ("tokens", {"name": "t-nul", "role": "viewer", "description": "x\u0000"}, "description"),
+        ("deployments", b.deployment(engine_args=["--x\u0001"]), "engine_args"),
+        ("gpu-types", b.gpu_type("G-BOOL", memory_gib=True), "memory_gib"),
+        ("pools", b.pool("p-bool", gpus=False), "gpus"),
+        ("regions", b.region("aws-bool", latitude=True), "latitude"),
+    ],
+)
+def test_a_control_character_or_a_bool_for_a_number_in_a_body_is_a_422(admin, path, body, field):
+    b.seed(admin)
+    problem = _problem(admin.post(path, body), 422)
+    assert [e["field"] for e in problem["errors"]] == [field]
+
+
+def test_unknown_routes_wrong_methods_and_over_deep_json_are_problems(admin):
+    assert "/api/v1/docs" in _problem(admin.get("nowhere"), 404)["detail"]
+    wrong = admin.client.post("/healthz")
+    assert "GET" in _problem(wrong, 405)["detail"] and wrong.headers["allow"] == "GET"
+    deep = admin.client.post(
+        "/api/v1/providers",
+        content="[" * 100_000 + "]" * 100_000,
+        headers=admin.headers | {"content-type": "application/json"},
+    )
+    assert _problem(deep, 400)["type"].endswith("/bad-request")
+
+
+def test_if_match_star_replaces_an_existing_object_and_never_creates_one(admin):
+    assert admin.post("gpu-types", b.gpu_type()).status_code == 201
+    updated = admin.put("gpu-types/H100-80G", b.gpu_type(memory_gib=94), **{"If-Match": "*"})
+    assert updated.status_code == 200 and updated.json()["memory_gib"] == 94
+    patched = admin.patch("gpu-types/H100-80G", {"memory_gib": 80}, **{"If-Match": "*"})
+    assert patched.status_code == 200 and patched.json()["generation"] == 3
+    missing = admin.put("gpu-types/B200", b.gpu_type("B200"), **{"If-Match": "*"})
+    assert "drop If-Match" in _problem(missing, 409)["detail"]
+    assert admin.get("gpu-types/B200").status_code == 404
+
+
+def test_a_limit_of_zero_is_a_422_on_every_list(admin):
+    for path in ("events", "audit", "pools", "replicas"):
+        assert _problem(admin.get(path, limit=0), 422)["errors"][0]["field"] == "query.limit"
+
+
+def _replica_and_instance(admin: Any, session_factory: Any) -> tuple[str, str]:
+    b.seed(admin)
+    deployment = admin.post("deployments", b.deployment()).json()
+    with session_factory() as s, s.begin():
+        cluster = s.query(m.Cluster).filter_by(name="use1-a").one()
+        pool = s.query(m.Pool).one()
+        instance = m.Instance(
+            pool_id=pool.id, cluster_id=cluster.id, idempotency_key="k", gpus=8, state="running"
+        )
+        instance.provider_instance_id = "i-0abc"
+        s.add(instance)
+        s.flush()
+        s.add(
+            m.Replica(
+                name="chat-llm-1-13478-1",
+                deployment_id=deployment["id"],
+                cluster_id=cluster.id,
+                instance_id=instance.id,
+                state="ready",
+            )
+        )
+        return instance.id, cluster.id
+
+
+def test_replicas_and_instances_are_found_by_the_names_the_tables_show(admin, session_factory):
+    instance_id, _ = _replica_and_instance(admin, session_factory)
+    replica = admin.get("replicas/chat-llm-1-13478-1")
+    assert replica.status_code == 200, replica.text
+    assert admin.get(f"replicas/{replica.json()['id']}").json() == replica.json()
+    for ref in (instance_id, instance_id[:8], "i-0abc"):
+        found = admin.get(f"instances/{ref}")
+        assert found.status_code == 200 and found.json()["id"] == instance_id, ref
+    assert "id prefix" in _problem(admin.get("instances/i-nothere"), 404)["detail"]
+    assert _problem(admin.get("instances/_%25"), 404)  # LIKE wildcards are not wildcards
+
+
+def test_a_replica_name_shared_by_two_clusters_asks_for_the_id(admin, session_factory):
+    _replica_and_instance(admin, session_factory)
+    assert admin.post("clusters", b.cluster("use1-b")).status_code == 201
+    with session_factory() as s, s.begin():
+        first = s.query(m.Replica).one()
+        other = s.query(m.Cluster).filter_by(name="use1-b").one()
+        s.add(m.Replica(name=first.name, deployment_id=first.deployment_id, cluster_id=other.id))
+    assert "use the id" in _problem(admin.get("replicas/chat-llm-1-13478-1"), 409)["detail"]
+
+
+def test_the_document_declares_problems_the_bearer_scheme_and_what_validation_accepts(app_client):
+    doc = app_client.get("/api/v1/openapi.json").json()
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": doc["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            errors = [code for code in responses if code[0] in "45"]
+            assert "500" in errors and "422" in errors, f"{method} {path}"
+            for code in errors:
+                if (path, code) == ("/readyz", "503"):
+                    continue
+                assert list(responses[code]["content"]) == [PROBLEM], f"{method} {path} {code}"
+            if path.startswith("/api/v1/"):
+                assert operation["security"] == [{"bearer": []}], f"{method} {path}"
+                assert {"401", "403"} <= set(responses), f"{method} {path}"
+    assert {"200", "201"} <= set(doc["paths"]["/api/v1/pools/{ref}"]["put"]["responses"])
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["Problem"]["required"]) == {"type", "title", "status", "detail"}
+    assert "HTTPValidationError" not in schemas
+    jurisdiction = schemas["RegionSpec"]["properties"]["jurisdiction"]
+    assert set(jurisdiction["enum"]) == ISO_3166_ALPHA2 and "AA" not in jurisdiction["enum"]
+    allowed = schemas["PlacementSpec"]["properties"]["allowed_jurisdictions"]["items"]
+    assert set(allowed["enum"]) == ISO_3166_ALPHA2
