@@ -19,11 +19,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.bus import ensure_bus
-from controlplane.bus.consumer import ReportConsumer
+from controlplane.bus.consumer import DURABLE_NAME, ReportConsumer, StreamProgress
 from controlplane.bus.desired import DesiredPublisher
-from controlplane.contracts import DesiredState
+from controlplane.contracts import DesiredState, utcnow
 from controlplane.db.models import Cluster
-from controlplane.db.session import make_engine, make_session_factory
+from controlplane.db.session import make_engine, make_session_factory, transaction
+from controlplane.liveness import CatchUp
+from controlplane.services.clusters import record_bus_progress
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
@@ -41,6 +43,44 @@ def pending_snapshots(
             for c in clusters
             if c.desired_generation >= 1 and published.get(c.name, 0) < c.desired_generation
         ]
+
+
+def record_progress(
+    factory: sessionmaker[Session], consumer: str, catch_up: CatchUp, progress: StreamProgress
+) -> None:
+    """One sample of the consumer's progress into `bus_progress` (see `liveness.CatchUp`)."""
+    now = utcnow()
+    caught_up = catch_up.observe(now, progress.stream_last_seq, progress.ack_floor)
+    with transaction(factory) as session:
+        record_bus_progress(
+            session,
+            consumer,
+            alive_at=now,
+            caught_up_at=caught_up,
+            stream_last_seq=progress.stream_last_seq,
+            ack_floor=progress.ack_floor,
+            pending=progress.pending,
+        )
+
+
+async def keep_progress(
+    consumer: ReportConsumer,
+    factory: sessionmaker[Session],
+    every_s: float,
+    stop: asyncio.Event,
+    name: str = DURABLE_NAME,
+) -> None:
+    """Every `every_s`: sample the consumer's progress and record it. A failure (NATS or
+    PostgreSQL away) skips one sample: the horizon then stays put, which is the truth."""
+    catch_up = CatchUp()
+    while not stop.is_set():
+        try:
+            progress = await consumer.progress()
+            await asyncio.to_thread(record_progress, factory, name, catch_up, progress)
+        except Exception as exc:  # noqa: BLE001 - logged, retried on the next tick
+            log.warning("could not record the bus's progress: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
 
 
 def trigger_replan(reason: str) -> None:
@@ -65,6 +105,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     sink = DbSink(factory, on_change=on_change)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
+    progress = asyncio.create_task(
+        keep_progress(consumer, factory, settings.bus_progress_every_s, stop)
+    )
     published: dict[str, int] = {}
     publisher = DesiredPublisher(kv)
     try:
@@ -81,6 +124,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:
+        progress.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
         await consumer.stop()
         await nc.drain()
 

@@ -40,6 +40,20 @@ class Settings(BaseSettings):
     page_size_max: int = 500
     cluster_stale_after_s: float = 15.0
     cluster_down_after_s: float = 60.0
+    bus_progress_every_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="the bus process records how far it has processed the reports stream "
+        "this often; liveness counts silence only up to that point",
+    )
+    liveness_breaker_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="when at least this share of the clusters (and at least "
+        "`liveness_breaker_min_clusters`) would go down in one check, none is declared down",
+    )
+    liveness_breaker_min_clusters: int = Field(default=2, ge=1)
     load_demo_fleet: bool = True
     up_status_every_s: float = Field(
         default=15.0,

@@ -17,6 +17,7 @@ from functools import cache
 from celery import Celery
 
 from controlplane.db.session import make_engine, make_session_factory, transaction
+from controlplane.liveness import Breaker
 from controlplane.procurement import tasks as procurement
 from controlplane.procurement.adapters import ProviderCache
 from controlplane.procurement.core import Action
@@ -91,6 +92,9 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
                 datetime.now(UTC),
                 timedelta(seconds=w.settings.cluster_stale_after_s),
                 timedelta(seconds=w.settings.cluster_down_after_s),
+                Breaker(
+                    w.settings.liveness_breaker_fraction, w.settings.liveness_breaker_min_clusters
+                ),
             )
         if down:
             log.warning("clusters down: %s", ", ".join(down))

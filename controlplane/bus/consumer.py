@@ -50,6 +50,16 @@ SINK_FAILURES = Counter(
 )
 
 
+@dataclass(frozen=True)
+class StreamProgress:
+    """The reports stream's last sequence, the consumer's ack floor (every message up to it
+    acked or terminated) and how many messages wait (undelivered or unacked)."""
+
+    stream_last_seq: int
+    ack_floor: int
+    pending: int
+
+
 class ObservedStateSink(Protocol):
     """Where accepted reports go. Both methods may be called again with the same message
     (redelivery after a crash before the ack): they must be idempotent on ``message.id``.
@@ -142,6 +152,16 @@ class ReportConsumer:
             # Make the server see the lost interest now; anything it already pushed to us
             # is redelivered to the next subscriber after ack_wait.
             await self._js._nc.flush()
+
+    async def progress(self) -> StreamProgress:
+        """How far the durable consumer has processed the reports stream (two JetStream
+        API calls; they answer whether or not this process is subscribed)."""
+        stream = await self._js.stream_info(REPORTS_STREAM)
+        info = await self._js.consumer_info(REPORTS_STREAM, self._durable)
+        last = stream.state.last_seq or 0
+        pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        return StreamProgress(last, last if pending == 0 else (floor or 0), pending)
 
     async def handle(self, msg: Msg) -> None:
         """Validate one message, record it, ack it. Never raises."""
