@@ -29,6 +29,7 @@ from controlplane.services.clusters import record_bus_progress
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
+from controlplane.trust import Bounds
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -77,7 +78,7 @@ async def keep_progress(
         try:
             progress = await consumer.progress()
             await asyncio.to_thread(record_progress, factory, name, catch_up, progress)
-        except Exception as exc:  # noqa: BLE001 - logged, retried on the next tick
+        except Exception as exc:  # logged; retried on the next tick
             log.warning("could not record the bus's progress: %s", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
@@ -102,7 +103,13 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     def on_change(reason: str) -> None:  # the broker call blocks: keep it off the loop
         loop.run_in_executor(None, trigger_replan, reason)
 
-    sink = DbSink(factory, on_change=on_change)
+    bounds = Bounds(
+        demand_factor=settings.report_demand_factor,
+        demand_max=settings.report_demand_max,
+        in_flight_max=settings.report_in_flight_max,
+        queue_depth_max=settings.report_queue_depth_max,
+    )
+    sink = DbSink(factory, on_change=on_change, bounds=bounds)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
     progress = asyncio.create_task(

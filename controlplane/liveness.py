@@ -128,7 +128,11 @@ class Breaker:
     min_clusters: int = 2
 
     def trips(self, going_down: int, tracked: int) -> bool:
-        return tracked > 0 and going_down >= self.min_clusters and going_down >= self.fraction * tracked
+        return (
+            tracked > 0
+            and going_down >= self.min_clusters
+            and going_down >= self.fraction * tracked
+        )
 
 
 @dataclass(frozen=True)
@@ -172,4 +176,3 @@ def judge(
         )
         return Verdict(kept, why)
     return Verdict(changes)
-

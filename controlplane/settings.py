@@ -54,6 +54,15 @@ class Settings(BaseSettings):
         "`liveness_breaker_min_clusters`) would go down in one check, none is declared down",
     )
     liveness_breaker_min_clusters: int = Field(default=2, ge=1)
+    report_demand_factor: float = Field(
+        default=2.0,
+        gt=0,
+        description="a plane's reported demand for a deployment counts up to this many times "
+        "the deployment's max_replicas (and up to `report_demand_max`)",
+    )
+    report_demand_max: int = Field(default=1000, ge=1)
+    report_in_flight_max: int = Field(default=100_000, ge=1)
+    report_queue_depth_max: int = Field(default=100_000, ge=1)
     load_demo_fleet: bool = True
     up_status_every_s: float = Field(
         default=15.0,

@@ -9,7 +9,7 @@ terminated (never redelivered), counted and logged; they never stop the consumer
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -63,13 +63,17 @@ class StreamProgress:
 class ObservedStateSink(Protocol):
     """Where accepted reports go. Both methods may be called again with the same message
     (redelivery after a crash before the ack): they must be idempotent on ``message.id``.
-    Raising makes the consumer redeliver the message later."""
+    Raising makes the consumer redeliver the message later. They may return the reasons of
+    parts of the report they rejected (counted in `gpufleet_bus_rejected_messages_total`);
+    the rest of the message counts and it is acked."""
 
     async def record_observed(
         self, cluster: str, state: ObservedState, received_at: datetime
-    ) -> None: ...
+    ) -> Sequence[str] | None: ...
 
-    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None: ...
+    async def record_fact(
+        self, cluster: str, fact: Fact, received_at: datetime
+    ) -> Sequence[str] | None: ...
 
 
 @dataclass
@@ -189,13 +193,15 @@ class ReportConsumer:
         received_at = self._clock()
         try:
             if isinstance(report, ObservedState):
-                await self._sink.record_observed(cluster, report, received_at)
+                rejected = await self._sink.record_observed(cluster, report, received_at)
             else:
-                await self._sink.record_fact(cluster, report, received_at)
+                rejected = await self._sink.record_fact(cluster, report, received_at)
         except Exception:
             SINK_FAILURES.inc()
             log.exception("sink failed on %s %s; redelivering", report.type, report.id)
             await msg.nak(delay=self._redeliver_delay_s)
             return
+        for reason in rejected or ():
+            REJECTED.labels(reason=reason).inc()
         RECEIVED.labels(type=report.type).inc()
         await msg.ack()
