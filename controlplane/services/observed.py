@@ -65,7 +65,7 @@ class DbSink:
         return rejected
 
     async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
-        reason, rejected = await asyncio.to_thread(self._fact, cluster, fact, received_at)
+        reason, rejected = await asyncio.to_thread(self._checked_fact, cluster, fact, received_at)
         if reason:
             self._on_change(reason)
         return rejected
@@ -118,7 +118,13 @@ class DbSink:
                 reason = reason or "demand"
             return reason, rejected
 
-    def _fact(self, name: str, fact: Fact, received_at: datetime) -> tuple[str | None, list[str]]:
+    def _fact(self, name: str, fact: Fact, received_at: datetime) -> str | None:
+        """Record one fact; why placement should look again (None: no need)."""
+        return self._checked_fact(name, fact, received_at)[0]
+
+    def _checked_fact(
+        self, name: str, fact: Fact, received_at: datetime
+    ) -> tuple[str | None, list[str]]:
         with transaction(self._factory) as session:
             if session.get(Event, str(fact.id)) is not None:
                 return None, []

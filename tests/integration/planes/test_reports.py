@@ -59,5 +59,5 @@ async def test_a_reported_replica_is_linked_to_the_instance_it_runs_on(admin, se
     assert {r["name"]: r["instance_id"] for r in replicas} == {"r-1": instance_id}
     # r-2 claims an instance not held for use1-a: not recorded (issue 12 item 4)
     rejected = admin.get("events", type="ReportRejected", object_name="use1-a").json()["items"]
-    assert ["instance_not_given"] == [e["data"]["reason"] for e in rejected]
+    assert [e["data"]["reason"] for e in rejected] == ["instance_not_given"]
     assert "instance i-unknown is not held for this cluster" in rejected[0]["message"]
