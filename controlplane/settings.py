@@ -5,11 +5,14 @@ A URL left empty means "start the embedded server" (PostgreSQL, NATS, Redis) und
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controlplane.spend import SpendLimits
 
 
 class Settings(BaseSettings):
@@ -63,6 +66,29 @@ class Settings(BaseSettings):
     report_demand_max: int = Field(default=1000, ge=1)
     report_in_flight_max: int = Field(default=100_000, ge=1)
     report_queue_depth_max: int = Field(default=100_000, ge=1)
+    spend_guard_window_s: float = Field(
+        default=3600.0, gt=0, description="the spend guard's sliding window"
+    )
+    spend_guard_gpus_per_deployment: int = Field(
+        default=64,
+        ge=0,
+        description="GPUs reported demand may add to one deployment per window",
+    )
+    spend_guard_cost_per_deployment: float = Field(
+        default=250.0, ge=0, description="$/h reported demand may add to one deployment per window"
+    )
+    spend_guard_fleet_cost: float = Field(
+        default=1000.0, ge=0, description="$/h reported demand may add fleet-wide per window"
+    )
+
+    def spend_limits(self) -> SpendLimits:
+        return SpendLimits(
+            window=timedelta(seconds=self.spend_guard_window_s),
+            gpus_per_deployment=self.spend_guard_gpus_per_deployment,
+            cost_per_deployment=self.spend_guard_cost_per_deployment,
+            fleet_cost=self.spend_guard_fleet_cost,
+        )
+
     load_demo_fleet: bool = True
     up_status_every_s: float = Field(
         default=15.0,

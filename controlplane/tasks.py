@@ -107,7 +107,9 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         then send the procurement tasks. The bus process publishes the clusters whose
         desired generation moved."""
         with transaction(worker().procurement.factory) as session:
-            done = run_replan(session, reason, wait_s=30.0)  # after the one running, not never
+            done = run_replan(  # after the one running, not never
+                session, reason, wait_s=30.0, spend_limits=worker().settings.spend_limits()
+            )
         if done is None:
             log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)
             return None
