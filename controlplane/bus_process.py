@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
+from datetime import datetime
 
 import nats
 from sqlalchemy import select
@@ -47,10 +49,13 @@ def pending_snapshots(
 
 
 def record_progress(
-    factory: sessionmaker[Session], consumer: str, catch_up: CatchUp, progress: StreamProgress
+    factory: sessionmaker[Session],
+    consumer: str,
+    catch_up: CatchUp,
+    progress: StreamProgress,
+    now: datetime,
 ) -> None:
     """One sample of the consumer's progress into `bus_progress` (see `liveness.CatchUp`)."""
-    now = utcnow()
     caught_up = catch_up.observe(now, progress.stream_last_seq, progress.ack_floor)
     with transaction(factory) as session:
         record_bus_progress(
@@ -70,14 +75,16 @@ async def keep_progress(
     every_s: float,
     stop: asyncio.Event,
     name: str = DURABLE_NAME,
+    clock: Callable[[], datetime] = utcnow,
 ) -> None:
     """Every `every_s`: sample the consumer's progress and record it. A failure (NATS or
     PostgreSQL away) skips one sample: the horizon then stays put, which is the truth."""
     catch_up = CatchUp()
     while not stop.is_set():
         try:
+            now = clock()  # before asking: the sample claims no more than the stream held
             progress = await consumer.progress()
-            await asyncio.to_thread(record_progress, factory, name, catch_up, progress)
+            await asyncio.to_thread(record_progress, factory, name, catch_up, progress, now)
         except Exception as exc:  # logged; retried on the next tick
             log.warning("could not record the bus's progress: %s", exc)
         with contextlib.suppress(TimeoutError):
