@@ -5,14 +5,11 @@ A URL left empty means "start the embedded server" (PostgreSQL, NATS, Redis) und
 
 from __future__ import annotations
 
-from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from controlplane.spend import SpendLimits
 
 
 class Settings(BaseSettings):
@@ -80,14 +77,6 @@ class Settings(BaseSettings):
     spend_guard_fleet_cost: float = Field(
         default=1000.0, ge=0, description="$/h reported demand may add fleet-wide per window"
     )
-
-    def spend_limits(self) -> SpendLimits:
-        return SpendLimits(
-            window=timedelta(seconds=self.spend_guard_window_s),
-            gpus_per_deployment=self.spend_guard_gpus_per_deployment,
-            cost_per_deployment=self.spend_guard_cost_per_deployment,
-            fleet_cost=self.spend_guard_fleet_cost,
-        )
 
     load_demo_fleet: bool = True
     up_status_every_s: float = Field(

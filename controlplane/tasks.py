@@ -25,6 +25,7 @@ from controlplane.procurement.tasks import Deps
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.settings import Settings, get_settings
+from controlplane.spend import SpendLimits
 
 log = logging.getLogger("gpufleet.tasks")
 
@@ -61,6 +62,16 @@ def request_replan(reason: str, retry: bool | None = None) -> None:
 def dispatch_procurement(actions: Iterable[Action]) -> None:
     """Send the tasks that carry a committed plan's procurement actions out."""
     procurement.dispatch(actions, celery_app.send_task)
+
+
+def spend_limits(settings: Settings) -> SpendLimits:
+    """The spend guard's bounds from `GPUFLEET_SPEND_GUARD_*`."""
+    return SpendLimits(
+        window=timedelta(seconds=settings.spend_guard_window_s),
+        gpus_per_deployment=settings.spend_guard_gpus_per_deployment,
+        cost_per_deployment=settings.spend_guard_cost_per_deployment,
+        fleet_cost=settings.spend_guard_fleet_cost,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,7 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         desired generation moved."""
         with transaction(worker().procurement.factory) as session:
             done = run_replan(  # after the one running, not never
-                session, reason, wait_s=30.0, spend_limits=worker().settings.spend_limits()
+                session, reason, wait_s=30.0, spend_limits=spend_limits(worker().settings)
             )
         if done is None:
             log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)

@@ -82,12 +82,11 @@ def record(
         placed[a.deployment] = placed.get(a.deployment, 0) + a.replicas
     for ask in wishes:
         row = rows[ask.deployment]
-        kept = recent(deployment_status(row).demand_grants, now, limits.window)  # type: ignore[arg-type]
-        new = granted(
-            ask, placed.get(ask.deployment, 0), result.cost_per_hour.get(ask.deployment, 0.0), now
-        )
+        kept = recent(_grants(row), now, limits.window)
+        cost = result.cost_per_hour.get(ask.deployment, 0.0)
+        new = granted(ask, placed.get(ask.deployment, 0), cost, now)
         if new is not None:
-            kept.append(new)  # type: ignore[arg-type]
+            kept.append(new)
         grants = [{"at": g.at, "gpus": g.gpus, "cost_per_hour": g.cost_per_hour} for g in kept]
         set_status(row, demand_grants=grants or None)
 
