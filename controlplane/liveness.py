@@ -104,7 +104,9 @@ def evidence_horizon(
     """
     if progress is None:
         return now, None
-    horizon = min(now, progress.caught_up_at or progress.alive_at)
+    if progress.caught_up_at is None:  # alive, but never through the backlog yet
+        return now, "the bus process has not caught up with the reports stream since it started"
+    horizon = min(now, progress.caught_up_at)
     lag = now - horizon
     if lag < stale_after:
         return horizon, None

@@ -122,6 +122,14 @@ def test_a_bus_lagging_behind_the_stream_suspends_liveness():
     assert verdict.suspended and "behind the reports stream (4000" in verdict.suspended
 
 
+def test_a_bus_that_never_caught_up_suspends_liveness():
+    beats = {c: T0 for c in THREE}
+    starting = BusProgress(alive_at=T0 + 90 * S, caught_up_at=None, pending=90_000)
+    verdict = judge(_healthy(*THREE), beats, T0 + 90 * S, STALE, DOWN, starting)
+    assert verdict.changes == {}
+    assert verdict.suspended and "not caught up" in verdict.suspended
+
+
 def test_silence_counts_only_up_to_what_the_bus_had_processed():
     beats = {"a": T0, "b": T0 + 50 * S, "c": T0 + 50 * S}
     progress = BusProgress(alive_at=T0 + 61 * S, caught_up_at=T0 + 59 * S)
