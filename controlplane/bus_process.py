@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from datetime import datetime
 from wsgiref.simple_server import WSGIServer
 
 import nats
@@ -29,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.bus import ensure_bus
-from controlplane.bus.consumer import ReportConsumer
+from controlplane.bus.consumer import DURABLE_NAME, ReportConsumer, StreamProgress
 from controlplane.bus.desired import (
     DesiredPublisher,
     DesiredStateTooLarge,
@@ -37,13 +38,16 @@ from controlplane.bus.desired import (
     retire_desired,
     stored_clusters,
 )
-from controlplane.contracts import DesiredState, decode_desired, desired_key, encode
+from controlplane.contracts import DesiredState, decode_desired, desired_key, encode, utcnow
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory, transaction
+from controlplane.liveness import CatchUp
 from controlplane.services import epochs, publication
+from controlplane.services.clusters import record_bus_progress
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
+from controlplane.trust import Bounds
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -197,6 +201,49 @@ def serve_metrics(port: int | None, host: str = "127.0.0.1") -> WSGIServer | Non
     return server
 
 
+def record_progress(
+    factory: sessionmaker[Session],
+    consumer: str,
+    catch_up: CatchUp,
+    progress: StreamProgress,
+    now: datetime,
+) -> None:
+    """One sample of the consumer's progress into `bus_progress` (see `liveness.CatchUp`)."""
+    caught_up = catch_up.observe(now, progress.stream_last_seq, progress.ack_floor)
+    with transaction(factory) as session:
+        record_bus_progress(
+            session,
+            consumer,
+            alive_at=now,
+            caught_up_at=caught_up,
+            stream_last_seq=progress.stream_last_seq,
+            ack_floor=progress.ack_floor,
+            pending=progress.pending,
+        )
+
+
+async def keep_progress(
+    consumer: ReportConsumer,
+    factory: sessionmaker[Session],
+    every_s: float,
+    stop: asyncio.Event,
+    name: str = DURABLE_NAME,
+    clock: Callable[[], datetime] = utcnow,
+) -> None:
+    """Every `every_s`: sample the consumer's progress and record it. A failure (NATS or
+    PostgreSQL away) skips one sample: the horizon then stays put, which is the truth."""
+    catch_up = CatchUp()
+    while not stop.is_set():
+        try:
+            now = clock()  # before asking: the sample claims no more than the stream held
+            progress = await consumer.progress()
+            await asyncio.to_thread(record_progress, factory, name, catch_up, progress, now)
+        except Exception as exc:  # logged; retried on the next tick
+            log.warning("could not record the bus's progress: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
 def trigger_replan(reason: str) -> None:
     from controlplane.tasks import request_replan
 
@@ -217,9 +264,18 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     def on_change(reason: str) -> None:  # the broker call blocks: keep it off the loop
         loop.run_in_executor(None, trigger_replan, reason)
 
-    sink = DbSink(factory, on_change=on_change)
+    bounds = Bounds(
+        demand_factor=settings.report_demand_factor,
+        demand_max=settings.report_demand_max,
+        in_flight_max=settings.report_in_flight_max,
+        queue_depth_max=settings.report_queue_depth_max,
+    )
+    sink = DbSink(factory, on_change=on_change, bounds=bounds)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
+    progress = asyncio.create_task(
+        keep_progress(consumer, factory, settings.bus_progress_every_s, stop)
+    )
     snapshots = SnapshotLoop(factory, kv, nc.max_payload)  # the server's, from its INFO
     try:
         while not stop.is_set():
@@ -227,6 +283,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:
+        progress.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
         await consumer.stop()
         await nc.drain()
         if metrics is not None:

@@ -48,6 +48,44 @@ class Settings(BaseSettings):
     )
     cluster_stale_after_s: float = 15.0
     cluster_down_after_s: float = 60.0
+    bus_progress_every_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="the bus process records how far it has processed the reports stream "
+        "this often; liveness counts silence only up to that point",
+    )
+    liveness_breaker_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="when at least this share of the clusters (and at least "
+        "`liveness_breaker_min_clusters`) would go down in one check, none is declared down",
+    )
+    liveness_breaker_min_clusters: int = Field(default=2, ge=1)
+    report_demand_factor: float = Field(
+        default=2.0,
+        gt=0,
+        description="a plane's reported demand for a deployment counts up to this many times "
+        "the deployment's max_replicas (and up to `report_demand_max`)",
+    )
+    report_demand_max: int = Field(default=1000, ge=1)
+    report_in_flight_max: int = Field(default=100_000, ge=1)
+    report_queue_depth_max: int = Field(default=100_000, ge=1)
+    spend_guard_window_s: float = Field(
+        default=3600.0, gt=0, description="the spend guard's sliding window"
+    )
+    spend_guard_gpus_per_deployment: int = Field(
+        default=64,
+        ge=0,
+        description="GPUs reported demand may add to one deployment per window",
+    )
+    spend_guard_cost_per_deployment: float = Field(
+        default=250.0, ge=0, description="$/h reported demand may add to one deployment per window"
+    )
+    spend_guard_fleet_cost: float = Field(
+        default=1000.0, ge=0, description="$/h reported demand may add fleet-wide per window"
+    )
+
     load_demo_fleet: bool = True
     agent_metrics_base_port: int = Field(
         default=0,

@@ -112,6 +112,15 @@ class ProcurementNote(Status):
     message: str
 
 
+class DemandGrant(Status):
+    """Replicas placement added from reported demand (the spend guard's window)."""
+
+    at: datetime
+    gpus: int
+    cost_per_hour: float
+
+
 class DeploymentStatus(Status):
     placement: PlacementStatus | None = None
     procurement: ProcurementNote | None = None
+    demand_grants: list[DemandGrant] = Field(default_factory=list)

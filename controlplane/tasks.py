@@ -17,6 +17,7 @@ from functools import cache
 from celery import Celery, signals
 
 from controlplane.db.session import make_engine, make_session_factory, transaction
+from controlplane.liveness import Breaker
 from controlplane.procurement import tasks as procurement
 from controlplane.procurement.adapters import ProviderCache
 from controlplane.procurement.core import Action
@@ -24,6 +25,7 @@ from controlplane.procurement.tasks import Deps
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.settings import Settings, get_settings
+from controlplane.spend import SpendLimits
 
 log = logging.getLogger("gpufleet.tasks")
 
@@ -74,6 +76,16 @@ def dispatch_procurement(actions: Iterable[Action]) -> None:
     procurement.dispatch(actions, celery_app.send_task)
 
 
+def spend_limits(settings: Settings) -> SpendLimits:
+    """The spend guard's bounds from `GPUFLEET_SPEND_GUARD_*`."""
+    return SpendLimits(
+        window=timedelta(seconds=settings.spend_guard_window_s),
+        gpus_per_deployment=settings.spend_guard_gpus_per_deployment,
+        cost_per_deployment=settings.spend_guard_cost_per_deployment,
+        fleet_cost=settings.spend_guard_fleet_cost,
+    )
+
+
 @dataclass(frozen=True)
 class Worker:
     """What the worker's tasks use from the outside world."""
@@ -103,6 +115,9 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
                 datetime.now(UTC),
                 timedelta(seconds=w.settings.cluster_stale_after_s),
                 timedelta(seconds=w.settings.cluster_down_after_s),
+                Breaker(
+                    w.settings.liveness_breaker_fraction, w.settings.liveness_breaker_min_clusters
+                ),
             )
         if down:
             log.warning("clusters down: %s", ", ".join(down))
@@ -115,7 +130,9 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         then send the procurement tasks. The bus process publishes the clusters whose
         desired generation moved."""
         with transaction(worker().procurement.factory) as session:
-            done = run_replan(session, reason, wait_s=30.0)  # after the one running, not never
+            done = run_replan(  # after the one running, not never
+                session, reason, wait_s=30.0, spend_limits=spend_limits(worker().settings)
+            )
         if done is None:
             log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)
             return None

@@ -9,7 +9,7 @@ terminated (never redelivered), counted and logged; they never stop the consumer
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -50,16 +50,30 @@ SINK_FAILURES = Counter(
 )
 
 
+@dataclass(frozen=True)
+class StreamProgress:
+    """The reports stream's last sequence, the consumer's ack floor (every message up to it
+    acked or terminated) and how many messages wait (undelivered or unacked)."""
+
+    stream_last_seq: int
+    ack_floor: int
+    pending: int
+
+
 class ObservedStateSink(Protocol):
     """Where accepted reports go. Both methods may be called again with the same message
     (redelivery after a crash before the ack): they must be idempotent on ``message.id``.
-    Raising makes the consumer redeliver the message later."""
+    Raising makes the consumer redeliver the message later. They may return the reasons of
+    parts of the report they rejected (counted in `gpufleet_bus_rejected_messages_total`);
+    the rest of the message counts and it is acked."""
 
     async def record_observed(
         self, cluster: str, state: ObservedState, received_at: datetime
-    ) -> None: ...
+    ) -> Sequence[str] | None: ...
 
-    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None: ...
+    async def record_fact(
+        self, cluster: str, fact: Fact, received_at: datetime
+    ) -> Sequence[str] | None: ...
 
 
 @dataclass
@@ -143,6 +157,16 @@ class ReportConsumer:
             # is redelivered to the next subscriber after ack_wait.
             await self._js._nc.flush()
 
+    async def progress(self) -> StreamProgress:
+        """How far the durable consumer has processed the reports stream (two JetStream
+        API calls; they answer whether or not this process is subscribed)."""
+        stream = await self._js.stream_info(REPORTS_STREAM)
+        info = await self._js.consumer_info(REPORTS_STREAM, self._durable)
+        last = stream.state.last_seq or 0
+        pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        return StreamProgress(last, last if pending == 0 else (floor or 0), pending)
+
     async def handle(self, msg: Msg) -> None:
         """Validate one message, record it, ack it. Never raises."""
         try:
@@ -169,13 +193,15 @@ class ReportConsumer:
         received_at = self._clock()
         try:
             if isinstance(report, ObservedState):
-                await self._sink.record_observed(cluster, report, received_at)
+                rejected = await self._sink.record_observed(cluster, report, received_at)
             else:
-                await self._sink.record_fact(cluster, report, received_at)
+                rejected = await self._sink.record_fact(cluster, report, received_at)
         except Exception:
             SINK_FAILURES.inc()
             log.exception("sink failed on %s %s; redelivering", report.type, report.id)
             await msg.nak(delay=self._redeliver_delay_s)
             return
+        for reason in rejected or ():
+            REJECTED.labels(reason=reason).inc()
         RECEIVED.labels(type=report.type).inc()
         await msg.ack()

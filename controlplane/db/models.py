@@ -249,3 +249,17 @@ class ApiToken(ManagedMixin, Base):
     expires_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class BusProgress(Base):
+    """How far the bus process has processed the reports stream, one row per durable
+    consumer: the liveness check counts silence only up to `caught_up_at`."""
+
+    __tablename__ = "bus_progress"
+
+    consumer: Mapped[str] = mapped_column(String(63), primary_key=True)
+    alive_at: Mapped[datetime]
+    caught_up_at: Mapped[datetime | None]
+    stream_last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    ack_floor: Mapped[int] = mapped_column(BigInteger, default=0)
+    pending: Mapped[int] = mapped_column(Integer, default=0)

@@ -2,6 +2,9 @@
 
 Implements `controlplane.bus.consumer.ObservedStateSink`. Idempotent on the message id: a
 fact becomes an event whose id is the message id, so a redelivered fact changes nothing.
+Reports are checked against what the plane was given (`controlplane.trust`) before they
+count; what is rejected is an event `ReportRejected` on the cluster (once per reason per
+minute) and the rest of the report still counts.
 """
 
 from __future__ import annotations
@@ -25,46 +28,89 @@ from controlplane.contracts import (
     ReplicaStarted,
     SpotInterruptionNoticed,
 )
-from controlplane.db.columns import cluster_status, set_status
+from controlplane.db.columns import cluster_status, deployment_autoscaling, set_status
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
 from controlplane.services import epochs
-from controlplane.services.desired import release_holds
+from controlplane.services.desired import desired_state, release_holds
+from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
 
 log = logging.getLogger("gpufleet.observed")
 CLOCK_SKEW = timedelta(seconds=5)
 """How far in the future of its receipt a fact's own time is believed (a plane's clock may
 run ahead a little; beyond that, the receive time stands)."""
 Hook = Callable[[str], None]
+REJECTION_EVENT_EVERY = timedelta(minutes=1)
 
 
 class DbSink:
-    """`on_change(reason)` is called after commit when placement should look again."""
+    """`on_change(reason)` is called after commit when placement should look again.
+    `bounds`: what a plane may report (`controlplane.trust.Bounds`)."""
 
-    def __init__(self, factory: sessionmaker[Session], on_change: Hook | None = None) -> None:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        on_change: Hook | None = None,
+        bounds: Bounds | None = None,
+    ) -> None:
         self._factory = factory
         self._on_change = on_change or (lambda reason: None)
+        self._bounds = bounds or Bounds()
+        self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
 
     async def record_observed(
         self, cluster: str, state: ObservedState, received_at: datetime
-    ) -> None:
-        reason = await asyncio.to_thread(self._observed, cluster, state, received_at)
+    ) -> list[str]:
+        """Returns the reasons of what was rejected (one per rejected part)."""
+        reason, rejected = await asyncio.to_thread(self._observed, cluster, state, received_at)
         if reason:
             self._on_change(reason)
+        return rejected
 
-    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> None:
-        reason = await asyncio.to_thread(self._fact, cluster, fact, received_at)
+    async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
+        reason, rejected = await asyncio.to_thread(self._checked_fact, cluster, fact, received_at)
         if reason:
             self._on_change(reason)
+        return rejected
 
-    def _observed(self, name: str, state: ObservedState, received_at: datetime) -> str | None:
+    def _reject(
+        self, session: Session, cluster: Cluster, rejections: list[Rejection], at: datetime
+    ) -> list[str]:
+        """Record the rejections as `ReportRejected` events, once per reason per minute."""
+        for r in rejections:
+            key = (cluster.name, r.reason)
+            last = self._noted.get(key)
+            log.warning("%s: report rejected (%s): %s", cluster.name, r.reason, r.message)
+            if last is not None and at - last < REJECTION_EVENT_EVERY:
+                continue
+            self._noted[key] = at
+            session.add(
+                Event(
+                    time=at,
+                    type="ReportRejected",
+                    object_kind="Cluster",
+                    object_id=cluster.id,
+                    object_name=cluster.name,
+                    message=f"{cluster.name}: report rejected ({r.reason}): {r.message}; "
+                    "the rest of the report counts",
+                    data={"reason": r.reason, "what": r.what, "detail": r.detail},
+                )
+            )
+        return [r.reason for r in rejections]
+
+    def _observed(
+        self, name: str, state: ObservedState, received_at: datetime
+    ) -> tuple[str | None, list[str]]:
         with transaction(self._factory) as session:
             cluster = _cluster(session, name)
             if cluster is None:
-                return None
+                return None, []
             if cluster.last_heartbeat_at and received_at < cluster.last_heartbeat_at:
-                return None  # an older heartbeat redelivered late: the newer one stands
+                return None, []  # an older heartbeat redelivered late: the newer one stands
+            checked = check_observed(state, given_to(session, cluster), self._bounds)
+            rejected = self._reject(session, cluster, checked.rejections, received_at)
+            state = checked.state
             cluster.last_heartbeat_at = received_at
             cluster.agent_version = state.agent_version or cluster.agent_version
             epochs.note_applied(session, cluster, state.observed_epoch, state.observed_generation)
@@ -72,15 +118,25 @@ class DbSink:
             release_holds(session, _sync_replicas(session, cluster, state))
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
-            return reason
+            return reason, rejected
 
     def _fact(self, name: str, fact: Fact, received_at: datetime) -> str | None:
+        """Record one fact; why placement should look again (None: no need)."""
+        return self._checked_fact(name, fact, received_at)[0]
+
+    def _checked_fact(
+        self, name: str, fact: Fact, received_at: datetime
+    ) -> tuple[str | None, list[str]]:
         with transaction(self._factory) as session:
             if session.get(Event, str(fact.id)) is not None:
-                return None
+                return None, []
             cluster = _cluster(session, name)
             if cluster is None:
-                return None
+                return None, []
+            if isinstance(fact, ReplicaStarted | ReplicaFailed):
+                why = check_replica(fact.replica, given_to(session, cluster))
+                if why is not None:
+                    return None, self._reject(session, cluster, [why], received_at)
             session.add(_event_for(cluster, fact, received_at))
             if isinstance(fact, DesiredStateApplied):
                 epochs.note_applied(session, cluster, fact.epoch, fact.generation)
@@ -96,8 +152,25 @@ class DbSink:
                     session, fact.instance_id, fact.reason or "reported by the agent", received_at
                 )
             if fact.type in ("spot_interruption_noticed", "node_unhealthy", "capacity_exhausted"):
-                return fact.type
-            return None
+                return fact.type, []
+            return None, []
+
+
+def given_to(session: Session, cluster: Cluster) -> Given:
+    """What the cluster was given: its current desired state's deployments (with their
+    fleet-wide max replicas), its pools, the instances held for it. Nothing was ever
+    placed on a cluster at desired generation 0: it was given no deployment."""
+    pools = frozenset(p.name for p in cluster.pools)
+    if cluster.desired_generation < 1:
+        return Given(deployments={}, pools=pools)
+    desired = desired_state(session, cluster)
+    names = [d.name for d in desired.deployments]
+    rows = session.scalars(select(Deployment).where(Deployment.name.in_(names))) if names else []
+    return Given(
+        deployments={d.name: deployment_autoscaling(d).max_replicas for d in rows},
+        pools=pools,
+        instances=frozenset(i.id for i in desired.instances),
+    )
 
 
 def _cluster(session: Session, name: str) -> Cluster | None:

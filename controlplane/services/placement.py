@@ -30,7 +30,9 @@ from controlplane.db.columns import (
 )
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
+from controlplane.services import spend
 from controlplane.services.desired import bump_desired
+from controlplane.spend import SpendLimits
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
 ENGINE_STATE = {
@@ -321,7 +323,11 @@ class Replanned:
 
 
 def replan(
-    session: Session, reason: str, now: datetime | None = None, wait_s: float = 0.0
+    session: Session,
+    reason: str,
+    now: datetime | None = None,
+    wait_s: float = 0.0,
+    spend_limits: SpendLimits | None = None,
 ) -> Replanned | None:
     """One re-plan and its procurement decision in the caller's transaction; None when
     another re-plan holds the lock (after waiting up to `wait_s` for it: a trigger that
@@ -338,7 +344,10 @@ def replan(
         return None
     now = now or _now()
     world = load_world(session, now)
+    limits = spend_limits or SpendLimits()  # reported demand is bounded before it is placed
+    world.input, wishes = spend.guard(session, world.input, world.deployments, now, limits)
     result = engine.place(world.input)
+    spend.record(world.deployments, wishes, result, now, limits)
     info = apply_result(session, world, result, reason)
     actions = plan_procurement(session, instance_gpus_wanted(world, result), now)
     return Replanned(info, actions)

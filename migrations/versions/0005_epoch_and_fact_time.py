@@ -5,8 +5,7 @@ a new epoch when it finds a generation it never issued (issue 12 item 10). `even
 a fact's own time (its envelope's `time`, bounded), beside `time` (when it was received).
 
 Revision ID: 0005
-Revises: 0003 (another branch adds 0004 at the same time: whichever merges second chains
-             its `down_revision` to the other's revision)
+Revises: 0004
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | None = "0003"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

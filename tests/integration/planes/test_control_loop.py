@@ -24,7 +24,7 @@ from controlplane.contracts import NatsCredentials
 from controlplane.db import models as m
 from controlplane.local.nats import NatsServer
 from controlplane.local.ports import free_port
-from controlplane.services.clusters import update_liveness
+from controlplane.services.clusters import record_bus_progress, update_liveness
 from controlplane.services.placement import replan
 from controlplane.settings import Settings
 from tests.integration.api import builders as b
@@ -100,6 +100,9 @@ async def test_desired_state_flows_down_and_reports_flow_up(
     last = _cluster(session_factory).last_heartbeat_at
     assert last is not None
     for seconds, expected in ((5, "healthy"), (20, "stale"), (90, "down")):
+        with session_factory() as s, s.begin():  # the bus kept up all along (see test_bus_trust)
+            at = last + timedelta(seconds=seconds)
+            record_bus_progress(s, "gpufleet-controlplane", at, at, 0, 0, 0)
         with session_factory() as s, s.begin():
             update_liveness(
                 s, last + timedelta(seconds=seconds), timedelta(seconds=15), timedelta(seconds=60)

@@ -10,6 +10,7 @@ from controlplane.contracts import ObservedState, ReplicasScaled, ReplicaStatus
 from controlplane.db import models as m
 from controlplane.db.session import transaction
 from controlplane.services.observed import DbSink
+from controlplane.services.placement import replan
 from tests.integration.api import builders as b
 
 
@@ -34,6 +35,10 @@ async def test_a_scaling_decision_is_an_event_of_its_deployment_and_counted_once
 async def test_a_reported_replica_is_linked_to_the_instance_it_runs_on(admin, session_factory):
     b.seed(admin)
     admin.post("deployments", b.deployment())
+    hello = ObservedState(cluster="use1-a", source="cluster/use1-a")
+    await DbSink(session_factory).record_observed("use1-a", hello, datetime.now(UTC))
+    with transaction(session_factory) as s:  # use1-a is healthy: chat-llm is given to it
+        assert replan(s, "test") is not None
     with transaction(session_factory) as s:
         cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "use1-a")).one()
         pool = s.scalars(select(m.Pool).where(m.Pool.name == "aws-use1-h100-od")).one()
@@ -51,4 +56,8 @@ async def test_a_reported_replica_is_linked_to_the_instance_it_runs_on(admin, se
     await sink.record_observed("use1-a", heartbeat, datetime.now(UTC))
 
     replicas = admin.get("replicas", cluster="use1-a").json()["items"]
-    assert {r["name"]: r["instance_id"] for r in replicas} == {"r-1": instance_id, "r-2": None}
+    assert {r["name"]: r["instance_id"] for r in replicas} == {"r-1": instance_id}
+    # r-2 claims an instance not held for use1-a: not recorded (issue 12 item 4)
+    rejected = admin.get("events", type="ReportRejected", object_name="use1-a").json()["items"]
+    assert [e["data"]["reason"] for e in rejected] == ["instance_not_given"]
+    assert "instance i-unknown is not held for this cluster" in rejected[0]["message"]

@@ -1,0 +1,136 @@
+"""What a plane may claim: its reports checked against what it was given. Pure, no I/O.
+
+A plane's NATS credentials let it publish on its own subjects only, but what it says there
+moves placement and money. So before a report counts:
+
+- demand only for deployments in that cluster's current desired state, at most
+  ``Bounds.demand_factor`` × the deployment's ``max_replicas`` and at most
+  ``Bounds.demand_max``; in-flight and queue depth at most their bounds (clamped);
+- replicas only of deployments it was given, only on its pools (when the replica names one)
+  and only on the instances it was given (when it was given any and the replica names one).
+
+A rejected part is dropped (or clamped) and named in a `Rejection`; the rest of the report
+still counts: a heartbeat with one bad entry still proves liveness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controlplane.contracts import DeploymentObserved, ObservedState, ReplicaStatus
+
+REASONS = (
+    "deployment_not_given",
+    "pool_not_given",
+    "instance_not_given",
+    "demand_bound",
+    "in_flight_bound",
+    "queue_depth_bound",
+)
+
+
+@dataclass(frozen=True)
+class Given:
+    """What one cluster was given: deployment name → its `max_replicas` (fleet-wide), the
+    names of the cluster's pools, the provider ids of the instances held for it."""
+
+    deployments: Mapping[str, int]
+    pools: frozenset[str] = frozenset()
+    instances: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Bounds:
+    demand_factor: float = 2.0
+    demand_max: int = 1000
+    in_flight_max: int = 100_000
+    queue_depth_max: int = 100_000
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+    what: str
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.what}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The report with what may not count removed or clamped, and why."""
+
+    state: ObservedState
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+def check_replica(replica: ReplicaStatus, given: Given) -> Rejection | None:
+    """Why this replica may not be recorded for the cluster (None: it may)."""
+    what = f"replica {replica.replica_id} of {replica.deployment}"
+    if replica.deployment not in given.deployments:
+        return Rejection(
+            "deployment_not_given", what, "the deployment is not in this cluster's desired state"
+        )
+    if replica.pool is not None and replica.pool not in given.pools:
+        return Rejection("pool_not_given", what, f"pool {replica.pool} is not this cluster's")
+    if replica.instance is not None and given.instances and replica.instance not in given.instances:
+        return Rejection(
+            "instance_not_given", what, f"instance {replica.instance} is not held for this cluster"
+        )
+    return None
+
+
+def demand_cap(max_replicas: int, bounds: Bounds) -> int:
+    return min(bounds.demand_max, max(1, int(max_replicas * bounds.demand_factor)))
+
+
+def check_deployment(
+    observed: DeploymentObserved, given: Given, bounds: Bounds
+) -> tuple[DeploymentObserved | None, list[Rejection]]:
+    """The entry as it may count (None: not at all) and what was wrong with it."""
+    what = f"report on {observed.name}"
+    if observed.name not in given.deployments:
+        detail = "the deployment is not in this cluster's desired state"
+        return None, [Rejection("deployment_not_given", what, detail)]
+    rejections: list[Rejection] = []
+    cap = demand_cap(given.deployments[observed.name], bounds)
+    clamped: dict[str, int] = {}
+    for key, bound, reason in (
+        ("demand", cap, "demand_bound"),
+        ("in_flight", bounds.in_flight_max, "in_flight_bound"),
+        ("queue_depth", bounds.queue_depth_max, "queue_depth_bound"),
+    ):
+        value = getattr(observed, key)
+        if value > bound:
+            clamped[key] = bound
+            rejections.append(
+                Rejection(reason, what, f"{key} {value} above {bound}, counted as {bound}")
+            )
+    return (observed.model_copy(update=clamped) if clamped else observed), rejections
+
+
+def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = None) -> Checked:
+    """The heartbeat as it may count."""
+    bounds = bounds or Bounds()
+    rejections: list[Rejection] = []
+    replicas = []
+    for replica in state.replicas:
+        why = check_replica(replica, given)
+        if why is None:
+            replicas.append(replica)
+        else:
+            rejections.append(why)
+    deployments = []
+    for observed in state.deployments:
+        kept, why_not = check_deployment(observed, given, bounds)
+        rejections.extend(why_not)
+        if kept is not None:
+            deployments.append(kept)
+    if not rejections:
+        return Checked(state)
+    return Checked(
+        state.model_copy(update={"replicas": replicas, "deployments": deployments}), rejections
+    )
