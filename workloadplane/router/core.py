@@ -211,6 +211,9 @@ class Router:
         self.config = config or RouterConfig()
         self.clock = clock
         self.deployments: dict[str, DeploymentEntry] = {}
+        self._desired: set[str] = set()
+        """The deployments of the last `set_deployments`: one no longer there stays only
+        while it still has replicas or queued requests (they finish), then goes."""
         self.backends: dict[str, Backend] = {}
         self.scale_from_zero = ScaleFromZero()
         self._aliases: dict[str, str] = {}
@@ -225,10 +228,7 @@ class Router:
                 self.deployments[d.name] = DeploymentEntry(d, self.config, self.clock())
             else:
                 entry.update(d, self.config)
-        for name in list(self.deployments):
-            entry = self.deployments[name]
-            if name not in names and not entry.backends and not entry.queue:
-                del self.deployments[name]
+        self._desired = names
         self._attach()
 
     def set_replicas(self, replicas: Sequence[ReplicaStatus]) -> None:
@@ -259,6 +259,10 @@ class Router:
         self._rebuild_aliases()
 
     def _attach(self) -> None:
+        for name in [n for n in self.deployments if n not in self._desired]:
+            entry = self.deployments[name]
+            if not any(b.deployment == name for b in self.backends.values()) and not entry.queue:
+                del self.deployments[name]  # undesired, and its last replica is gone
         for entry in self.deployments.values():
             mine = {rid: b for rid, b in self.backends.items() if b.deployment == entry.name}
             if mine.keys() != entry.backends.keys():

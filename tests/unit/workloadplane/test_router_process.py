@@ -122,3 +122,24 @@ async def test_a_request_waiting_at_zero_wakes_the_agents_autoscaler():
     remote = RemoteRouter("127.0.0.1", 1)
     remote.apply_report(json.loads(json.dumps(router.load_report())), remote.clock())
     assert await remote.scale_from_zero.take(0.1) == {"chat"}
+
+
+def test_a_deployment_dropped_from_the_snapshot_goes_once_its_last_replica_has(tmp_path: Path):
+    """The agent applies a snapshot first and drains its replicas after: the router, seeing
+    the new snapshot while the replicas still run, must still let the model go once they
+    are gone (a deleted deployment was served — listed in /v1/models — forever)."""
+    router = Router()
+    follower = PlaneFollower(router, tmp_path)
+    store = DesiredStateStore(tmp_path, fsync=False)
+    store.save(make_desired(1, make_deployment("chat")))
+    record(tmp_path, ("chat-1", "ready"))
+    follower.poll()
+    assert router.model_ids() == [("chat", None)]
+    store.save(make_desired(2))  # chat dropped; its replica is still draining
+    record(tmp_path, ("chat-1", "draining"))
+    follower.poll()
+    assert router.model_ids() == [("chat", None)]  # its replica finishes what it has
+    record(tmp_path)  # the replica is gone
+    follower.poll()
+    follower.poll()
+    assert router.model_ids() == []
