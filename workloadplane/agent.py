@@ -25,6 +25,7 @@ from controlplane.contracts import (
     DesiredState,
     DesiredStateApplied,
     Envelope,
+    FreeCapacity,
     NatsCredentials,
     ObservedState,
     ReplicaFailed,
@@ -39,6 +40,7 @@ from controlplane.contracts import (
 from workloadplane.autoscaler_loop import Autoscaler
 from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
+from workloadplane.capacity import free_capacity
 from workloadplane.reconcile import (
     DEFAULT_DRAIN_LEAD,
     DrainReplica,
@@ -50,7 +52,7 @@ from workloadplane.reconcile import (
     target_replicas,
 )
 from workloadplane.router.core import Router
-from workloadplane.runtime.base import Runtime
+from workloadplane.runtime.base import GpuInventory, Runtime
 from workloadplane.state import DesiredStateStore, should_apply
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,8 @@ class ReplicaChanges:
 class Agent:
     """State and decisions of one cluster's agent; the runtime, store and router are
     injected. ``changes``: what the runtime reports to (built from ``router`` if omitted,
-    for runtimes that report nothing)."""
+    for runtimes that report nothing). ``gpus``: the runtime's GPUs, reported upward in each
+    heartbeat (without one the plane reports no capacity and placement trusts its inventory)."""
 
     def __init__(
         self,
@@ -91,6 +94,7 @@ class Agent:
         router: Router | None = None,
         changes: ReplicaChanges | None = None,
         drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
+        gpus: GpuInventory | None = None,
     ) -> None:
         if changes is not None and changes.router is not router:
             raise ValueError("changes must follow the agent's own router: ReplicaChanges(router)")
@@ -101,6 +105,7 @@ class Agent:
         self.router = router
         """The plane's request router, fed here with deployments and replicas (optional)."""
         self.runtime = runtime
+        self.gpus = gpus
         self.store = store
         self.clock = clock
         self.desired: DesiredState | None = store.load()
@@ -320,7 +325,21 @@ class Agent:
             agent_version=AGENT_VERSION,
             replicas=replicas,
             deployments=deployments,
+            free_capacity=self.free_capacity(replicas),
         )
+
+    def free_capacity(self, replicas: list[ReplicaStatus]) -> list[FreeCapacity]:
+        """Per pool, the GPUs this plane can use, the free ones and the replicas that cannot
+        start for lack of them (what reconcile would start now beyond the free GPUs)."""
+        if self.gpus is None or self.desired is None:
+            return []
+        starts = [
+            a
+            for a in reconcile(self.desired, replicas, self.wanted, now=self.clock())
+            if isinstance(a, StartReplica)
+        ]
+        total, free = self.gpus.gpu_capacity()
+        return free_capacity(self.desired, replicas, starts, total, free)
 
     async def reconcile_loop(self, interval: float) -> None:
         while True:
@@ -413,6 +432,7 @@ async def run_agent(
     changes: ReplicaChanges | None = None,
     router_address: tuple[str, int] | None = None,
     drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
+    gpus: GpuInventory | None = None,
 ) -> Agent:
     """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent.
     ``changes``: the ``ReplicaChanges`` the runtime was built with, if it reports any."""
@@ -425,6 +445,7 @@ async def run_agent(
         router=router,
         changes=changes,
         drain_lead=drain_lead,
+        gpus=gpus,
     )
     await serve(
         agent,

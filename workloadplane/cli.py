@@ -25,7 +25,7 @@ import typer
 
 if TYPE_CHECKING:
     from workloadplane.router.core import Router
-    from workloadplane.runtime.base import ClosableRuntime, ReplicaWatcher
+    from workloadplane.runtime.base import ClosableRuntime, GpuInventory, ReplicaWatcher
 
 app = typer.Typer(
     help="Workload-plane processes: agent, router, engine simulator.",
@@ -89,7 +89,7 @@ def agent(
 
     async def main() -> None:
         changes = ReplicaChanges(router)
-        plane_runtime = _make_runtime(runtime, engine, engine_python, state, changes, router)
+        plane_runtime, gpus = _make_runtime(runtime, engine, engine_python, state, changes, router)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -107,6 +107,7 @@ def agent(
             changes=changes,
             router_address=router_address,
             drain_lead=DEFAULT_DRAIN_LEAD if drain_lead is None else timedelta(seconds=drain_lead),
+            gpus=gpus,
         )
         await plane_runtime.close(stop_replicas=False)  # a restarted agent adopts them
 
@@ -123,11 +124,12 @@ def _make_runtime(
     state_dir: Path,
     watcher: ReplicaWatcher,
     router: Router | None,
-) -> ClosableRuntime:
+) -> tuple[ClosableRuntime, GpuInventory | None]:
+    """The runtime and, when it has real or virtual GPUs to count, its GPU inventory."""
     if kind is RuntimeKind.memory:
         from workloadplane.runtime.memory import InMemoryRuntime
 
-        return InMemoryRuntime()
+        return InMemoryRuntime(), None
     from workloadplane.runtime.process import ProcessRuntime
     from workloadplane.runtime.templates import enginesim_template, vllm_template
 
@@ -136,7 +138,8 @@ def _make_runtime(
         if engine is EngineKind.vllm
         else enginesim_template(engine_python)
     )
-    return ProcessRuntime(template, state_dir / "runtime", watcher=watcher, in_flight=router)
+    plane = ProcessRuntime(template, state_dir / "runtime", watcher=watcher, in_flight=router)
+    return plane, plane
 
 
 def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
