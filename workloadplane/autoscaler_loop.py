@@ -30,6 +30,7 @@ from workloadplane.autoscaling import (
     State,
     decide,
 )
+from workloadplane.demand import ReportedDemand, reported_demand
 from workloadplane.router.core import Backend, Router, concurrency_limit
 from workloadplane.router.upstream import UpstreamError
 
@@ -138,6 +139,7 @@ class Autoscaler:
         self._rules: dict[str, tuple[list[ScheduleWindow], tuple[ScheduleRule, ...]]] = {}
         self._phases: dict[str, ReplicaState] = {}
         self._beyond: dict[str, int] = {}
+        self._reported: dict[str, ReportedDemand] = {}
 
     # --- waking -----------------------------------------------------------------------------
     async def woken(self, timeout: float) -> set[str]:
@@ -191,6 +193,12 @@ class Autoscaler:
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
+        self._reported[name] = reported_demand(
+            self._reported.get(name, ReportedDemand()),
+            max(decision.unconstrained_desired, decision.desired_replicas),
+            now.timestamp(),
+            policy.effective_scale_down_delay,
+        )
         if _changes_something(decision, previous):
             self.events.append(
                 ScaleEvent(
@@ -254,10 +262,11 @@ class Autoscaler:
         return cached[1]
 
     def demand(self, name: str) -> int | None:
-        """Replicas to report upward: the unclamped demand (may exceed max), but never below
-        what the policy keeps (so a placement does not undercut the scale-down delay)."""
-        d = self.last.get(name)
-        return None if d is None else max(d.unconstrained_desired, d.desired_replicas)
+        """Replicas to report upward: the unclamped demand (may exceed max), never below what
+        the policy keeps, raised at once and lowered only after the scale-down delay
+        (``workloadplane.demand``), so that placement does not undercut the delay."""
+        reported = self._reported.get(name)
+        return None if reported is None else reported.value
 
     def newly_beyond_max(self, name: str) -> bool:
         """True once each time the demand beyond max rises (to report it as a fact)."""
@@ -269,7 +278,7 @@ class Autoscaler:
 
     def forget(self, keep: Collection[str], replicas: Collection[str]) -> None:
         """Drop what is kept for deployments no longer desired and replicas gone."""
-        for table in (self.states, self.last, self._rules, self._beyond):
+        for table in (self.states, self.last, self._rules, self._beyond, self._reported):
             for name in [n for n in table if n not in keep]:
                 del table[name]
         for table in (self._phases, self.gauges):
