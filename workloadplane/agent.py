@@ -331,13 +331,14 @@ class Agent:
     def free_capacity(self, replicas: list[ReplicaStatus]) -> list[FreeCapacity]:
         """Per pool, the GPUs this plane can use, the free ones and the replicas that cannot
         start for lack of them (what reconcile would start now beyond the free GPUs)."""
-        if self.gpus is None or self.desired is None:
+        if self.gpus is None:
             return []
-        starts = [
-            a
-            for a in reconcile(self.desired, replicas, self.wanted, now=self.clock())
-            if isinstance(a, StartReplica)
-        ]
+        actions = (
+            reconcile(self.desired, replicas, self.wanted, now=self.clock())
+            if self.desired is not None
+            else []
+        )
+        starts = [a for a in actions if isinstance(a, StartReplica)]
         total, free = self.gpus.gpu_capacity()
         return free_capacity(self.desired, replicas, starts, total, free)
 

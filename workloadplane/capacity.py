@@ -18,21 +18,23 @@ from workloadplane.reconcile import StartReplica
 
 
 def free_capacity(
-    desired: DesiredState,
+    desired: DesiredState | None,
     replicas: Sequence[ReplicaStatus],
     starts: Sequence[StartReplica],
     total_gpus: int,
     free_gpus: int,
 ) -> list[FreeCapacity]:
     """One report per pool the desired state or a replica names (one for ``pool=None`` when
-    none does); ``total_gpus``/``free_gpus``: the runtime's whole GPU set."""
-    specs = {d.name: d.spec for d in desired.deployments}
+    none does, e.g. before the first snapshot); ``total_gpus``/``free_gpus``: the runtime's
+    whole GPU set."""
+    deployments = desired.deployments if desired is not None else []
+    specs = {d.name: d.spec for d in deployments}
     pools: dict[str | None, str] = {}  # pool -> a GPU type seen there
-    for d in desired.deployments:
+    for d in deployments:
         gpu_type = d.spec.gpu_types[0] if d.spec.gpu_types else ""
         for pool in [q.pool for q in d.pool_quotas] + d.pools:
             pools.setdefault(pool, gpu_type)
-    for inst in desired.instances:
+    for inst in desired.instances if desired is not None else []:
         pools.setdefault(inst.pool, "")
     used: dict[str | None, int] = defaultdict(int)
     for r in replicas:
