@@ -102,16 +102,22 @@ def reported_capacity(
     return out
 
 
-def usable_gpus(inventory: int, reports: dict[str, PoolCapacity]) -> int:
-    """The smaller of the inventory's figure and what the pool's planes say they have: each
-    its `total_gpus`, or only the GPUs in use while some of its replicas cannot start (so
-    the next plan puts nothing more there). No report with a total: the inventory."""
+def usable_gpus(
+    inventory: int, reports: dict[str, PoolCapacity], running: dict[str, int] | None = None
+) -> int:
+    """The smaller of the inventory's figure and what the pool's planes (cluster → report)
+    say they have: each its `total_gpus`, or, while some of its replicas cannot start, only
+    the GPUs of the placed replicas that run there (`running`, cluster → GPUs), so the next
+    plan puts nothing more there. No report: the inventory."""
+    running = running or {}
     counted = [
-        (cap.total_gpus - cap.free_gpus) if cap.waiting_replicas else cap.total_gpus
-        for cap in reports.values()
-        if cap.total_gpus is not None
+        min(cap.total_gpus if cap.total_gpus is not None else inventory, running.get(name, 0))
+        if cap.waiting_replicas
+        else cap.total_gpus
+        for name, cap in reports.items()
+        if cap.total_gpus is not None or cap.waiting_replicas
     ]
-    return min(inventory, max(0, sum(counted))) if counted else inventory
+    return min(inventory, sum(c for c in counted if c is not None)) if counted else inventory
 
 
 def running_share(
@@ -220,6 +226,10 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         for a in stored
         if running_share(a, reports) > 0
     )
+    per_replica = {d.name: d.gpus_per_replica for d in deployments.values()}
+    running: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for a in current:
+        running[a.pool][a.cluster] += a.replicas * per_replica[a.deployment]
     return World(
         input=engine.PlacementInput(
             regions=tuple(
@@ -231,7 +241,9 @@ def load_world(session: Session, now: datetime | None = None) -> World:
                     p,
                     now,
                     held.get(p.id, 0),
-                    usable_gpus(p.gpus + held.get(p.id, 0), reports.get(p.name, {})),
+                    usable_gpus(
+                        p.gpus + held.get(p.id, 0), reports.get(p.name, {}), running[p.name]
+                    ),
                 )
                 for p in pools.values()
             ),
