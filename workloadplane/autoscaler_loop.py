@@ -140,6 +140,7 @@ class Autoscaler:
         self._phases: dict[str, ReplicaState] = {}
         self._beyond: dict[str, int] = {}
         self._reported: dict[str, ReportedDemand] = {}
+        self._max: dict[str, int] = {}
 
     # --- waking -----------------------------------------------------------------------------
     async def woken(self, timeout: float) -> set[str]:
@@ -193,6 +194,7 @@ class Autoscaler:
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
+        self._max[name] = policy.max_replicas
         self._reported[name] = reported_demand(
             self._reported.get(name, ReportedDemand()),
             max(decision.unconstrained_desired, decision.desired_replicas),
@@ -269,16 +271,25 @@ class Autoscaler:
         return None if reported is None else reported.value
 
     def newly_beyond_max(self, name: str) -> bool:
-        """True once each time the demand beyond max rises (to report it as a fact)."""
-        d = self.last.get(name)
-        beyond = d.demand_beyond_max if d is not None else 0
+        """True once each time the reported demand beyond max rises (to report it as a fact):
+        with the report's hysteresis, a demand flickering across max is one fact, not one
+        per flicker (each one asks the control plane for a re-plan)."""
+        demand = self.demand(name)
+        beyond = max(0, demand - self._max.get(name, demand)) if demand is not None else 0
         before = self._beyond.get(name, 0)
         self._beyond[name] = beyond
         return beyond > before
 
     def forget(self, keep: Collection[str], replicas: Collection[str]) -> None:
         """Drop what is kept for deployments no longer desired and replicas gone."""
-        for table in (self.states, self.last, self._rules, self._beyond, self._reported):
+        for table in (
+            self.states,
+            self.last,
+            self._rules,
+            self._beyond,
+            self._reported,
+            self._max,
+        ):
             for name in [n for n in table if n not in keep]:
                 del table[name]
         for table in (self._phases, self.gauges):
