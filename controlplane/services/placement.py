@@ -30,8 +30,8 @@ from controlplane.db.columns import (
 )
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
+from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
 from controlplane.services.desired import bump_desired
-from controlplane.status import PoolCapacity
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
 ENGINE_STATE = {
@@ -84,50 +84,6 @@ def wanted_replicas(deployment: m.Deployment, placed: int | None = None) -> int:
     low, high = auto.min_replicas, auto.max_replicas
     floor = max(low, 1 if high >= 1 else 0)
     return max(floor, min(high, planned_demand(deployment.demand_replicas, placed)))
-
-
-REPORTING = ("healthy", "stale", "cordoned")  # a plane in these states reported recently
-
-
-def reported_capacity(
-    clusters: dict[str, m.Cluster],
-) -> dict[str, dict[str, PoolCapacity]]:
-    """Pool → cluster → what that plane last reported of the pool, for the planes that
-    report (heartbeats arrive); a down plane's old report does not count."""
-    out: dict[str, dict[str, PoolCapacity]] = defaultdict(dict)
-    for name, row in clusters.items():
-        if row.state in REPORTING:
-            for pool, cap in cluster_status(row).capacity.items():
-                out[pool][name] = cap
-    return out
-
-
-def usable_gpus(
-    inventory: int, reports: dict[str, PoolCapacity], running: dict[str, int] | None = None
-) -> int:
-    """The smaller of the inventory's figure and what the pool's planes (cluster → report)
-    say they have: each its `total_gpus`, or, while some of its replicas cannot start, only
-    the GPUs of the placed replicas that run there (`running`, cluster → GPUs), so the next
-    plan puts nothing more there. No report: the inventory."""
-    running = running or {}
-    counted = [
-        min(cap.total_gpus if cap.total_gpus is not None else inventory, running.get(name, 0))
-        if cap.waiting_replicas
-        else cap.total_gpus
-        for name, cap in reports.items()
-        if cap.total_gpus is not None or cap.waiting_replicas
-    ]
-    return min(inventory, sum(c for c in counted if c is not None)) if counted else inventory
-
-
-def running_share(
-    assignment: engine.Assignment, reports: dict[str, dict[str, PoolCapacity]]
-) -> int:
-    """The replicas of a current assignment that can run: those its plane reports as
-    waiting for GPUs are not counted as placed (the engine places them anew, elsewhere)."""
-    cap = reports.get(assignment.pool, {}).get(assignment.cluster)
-    waiting = cap.waiting_replicas.get(assignment.deployment, 0) if cap is not None else 0
-    return max(0, assignment.replicas - waiting)
 
 
 def _pool(row: m.Pool, now: datetime, held_gpus: int, usable: int | None = None) -> engine.Pool:

@@ -27,6 +27,7 @@ from controlplane.bus import (
 from controlplane.bus_process import run_bus
 from controlplane.contracts import FreeCapacity, NatsCredentials, ObservedState, ReplicaStatus
 from controlplane.db import models as m
+from controlplane.db.columns import cluster_status
 from controlplane.local.nats import NatsServer
 from controlplane.local.ports import free_port
 from controlplane.services.observed import DbSink
@@ -147,8 +148,6 @@ async def ready(runtime: InMemoryRuntime) -> list[str]:
 
 
 def reported(factory: sessionmaker[Session], name: str) -> bool:
-    from controlplane.db.columns import cluster_status
-
     row = cluster(factory, name)
     return row.state == "healthy" and bool(cluster_status(row).capacity)
 
@@ -165,7 +164,6 @@ async def test_placement_follows_what_the_planes_have_through_a_plane_death(
         # the inventory says 16 reserved GPUs on cheap; its plane has 8: one deployment each
         where = placed(session_factory)
         assert sorted(where.values()) == ["cheap", "dear"], where
-        await eventually(lambda: asyncio.gather(ready(cheap), ready(dear)), 1, "")  # warm-up
         await eventually(
             lambda: _both_ready(cheap, dear, where), 15, "each deployment ready where placed"
         )
@@ -177,7 +175,7 @@ async def test_placement_follows_what_the_planes_have_through_a_plane_death(
             s.execute(update(m.Cluster).where(m.Cluster.name == "dear").values(state="down"))
         replan_now(session_factory, "cluster_down")
         assert on_dear not in placed(session_factory), "moved where it cannot start"
-        assert await ready(cheap) == [where_inv(where, "cheap")]
+        assert await ready(cheap) == [deployment_on(where, "cheap")]
 
         # the plane comes back healthy: the normal placement puts the deployment back on it
         dear = p.start_agent("dear")
@@ -187,7 +185,7 @@ async def test_placement_follows_what_the_planes_have_through_a_plane_death(
         await eventually(lambda: _ready_is(dear, [on_dear]), 15, f"{on_dear} ready on dear")
 
 
-def where_inv(where: dict[str, str], cluster_name: str) -> str:
+def deployment_on(where: dict[str, str], cluster_name: str) -> str:
     return next(d for d, c in where.items() if c == cluster_name)
 
 
@@ -196,8 +194,8 @@ async def _ready_is(runtime: InMemoryRuntime, deployments: list[str]) -> bool:
 
 
 async def _both_ready(cheap: InMemoryRuntime, dear: InMemoryRuntime, where: dict[str, str]) -> bool:
-    return await ready(cheap) == [where_inv(where, "cheap")] and await ready(dear) == [
-        where_inv(where, "dear")
+    return await ready(cheap) == [deployment_on(where, "cheap")] and await ready(dear) == [
+        deployment_on(where, "dear")
     ]
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from controlplane import placement as engine
-from controlplane.services.placement import planned_demand, running_share, usable_gpus
+from controlplane.services.capacity import running_share, usable_gpus
+from controlplane.services.placement import planned_demand
 from controlplane.status import PoolCapacity
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)

@@ -19,7 +19,7 @@ from tests.unit.workloadplane.test_agent_autoscale import (
     tick,
 )
 from workloadplane.demand import ReportedDemand, reported_demand
-from workloadplane.router.core import Router, Ticket
+from workloadplane.router.core import Backend, Router, Ticket
 
 
 def report(demands: list[int], delay: float) -> list[int | None]:
@@ -89,7 +89,7 @@ async def test_the_heartbeat_demand_does_not_follow_a_flickering_load(tmp_path: 
         router.release(backend, ticket)
 
 
-def hold(router: Router, n: int) -> list[tuple[object, Ticket]]:
+def hold(router: Router, n: int) -> list[tuple[Backend, Ticket]]:
     """``n`` requests in flight, with what releasing each needs."""
     entry = router.deployments["chat"]
     out = []
