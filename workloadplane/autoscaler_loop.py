@@ -200,6 +200,8 @@ class Autoscaler:
             max(decision.unconstrained_desired, decision.desired_replicas),
             now.timestamp(),
             policy.effective_scale_down_delay,
+            policy.window_seconds,
+            urgent=decision.panic,
         )
         if _changes_something(decision, previous):
             self.events.append(
@@ -265,8 +267,8 @@ class Autoscaler:
 
     def demand(self, name: str) -> int | None:
         """Replicas to report upward: the unclamped demand (may exceed max), never below what
-        the policy keeps, raised at once and lowered only after the scale-down delay
-        (``workloadplane.demand``), so that placement does not undercut the delay."""
+        the policy keeps, raised at once by 2+ (or in panic), by one after the window, and
+        lowered only after the scale-down delay (``workloadplane.demand``)."""
         reported = self._reported.get(name)
         return None if reported is None else reported.value
 

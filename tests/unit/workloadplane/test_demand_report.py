@@ -22,17 +22,28 @@ from workloadplane.demand import ReportedDemand, reported_demand
 from workloadplane.router.core import Backend, Router, Ticket
 
 
-def report(demands: list[int], delay: float) -> list[int | None]:
+def report(demands: list[int], delay: float, window: float = 0.0,
+           panic_at: frozenset[int] = frozenset()) -> list[int | None]:  # fmt: skip
     """The report after each demand, one demand per second."""
     state, out = ReportedDemand(), []
     for t, demand in enumerate(demands):
-        state = reported_demand(state, demand, float(t), delay)
+        state = reported_demand(state, demand, float(t), delay, window, urgent=t in panic_at)
         out.append(state.value)
     return out
 
 
 def test_a_rise_is_reported_at_once():
     assert report([2, 2, 3, 5], delay=60) == [2, 2, 3, 5]
+
+
+def test_a_rise_of_one_replica_waits_for_the_window_a_larger_one_or_panic_does_not():
+    assert report([2] + [3] * 12, delay=60, window=10) == [2] + [2] * 10 + [3, 3]
+    assert report([2, 4], delay=60, window=10) == [2, 4]
+    assert report([2, 3], delay=60, window=10, panic_at=frozenset({1})) == [2, 3]
+
+
+def test_a_demand_flickering_one_above_is_never_reported():
+    assert set(report([2, 3] * 60, delay=60, window=10)) == {2}
 
 
 def test_a_fall_waits_for_the_delay_then_reports_the_peak_seen_meanwhile():
