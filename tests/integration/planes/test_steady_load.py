@@ -1,5 +1,6 @@
 """Issue 12 item 7 on real PostgreSQL and NATS: one agent with its router and engine-sim
-replicas, under a steady open-loop load of 15 req/s for 60 s (after a warm-up), re-planned
+replicas, under a steady open-loop load of 15 req/s for 60 s (after a warm-up that ends once
+nothing has scaled for window + delay, 40 s), re-planned
 on every demand change as Celery would (coalesced). The load sits near two replicas' worth
 (~7.5 in flight at a target of 4), so the window mean and the gauges hover across an
 integer: the desired generation moves at most once and the agent's wanted count does not
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from controlplane.bus import (
     generate_controlplane_credentials,
@@ -39,7 +40,8 @@ from workloadplane.runtime.process import ProcessConfig, ProcessRuntime
 from workloadplane.runtime.templates import enginesim_template
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-RATE, WARM_UP_S, MEASURE_S = 15.0, 35.0, 60.0
+RATE, MEASURE_S = 15.0, 60.0
+SETTLED_S, WARM_UP_MAX_S = 40.0, 120.0  # no scaling for window + delay: steady state
 
 
 @pytest.fixture
@@ -80,8 +82,8 @@ class Replanner:
             await asyncio.to_thread(self.replan_now)
 
 
-async def open_loop(url: str, rate: float, seconds: float, codes: list[int]) -> None:
-    """Poisson arrivals at ``rate`` per second for ``seconds`` (seeded), each a 10-token chat
+async def open_loop(url: str, rate: float, stop: asyncio.Event, codes: list[int]) -> None:
+    """Poisson arrivals at ``rate`` per second until ``stop`` (seeded), each a 10-token chat
     completion (0.5 s at 20 tokens/s), at most 64 at once."""
     rng = random.Random(12)
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
@@ -97,8 +99,8 @@ async def open_loop(url: str, rate: float, seconds: float, codes: list[int]) -> 
                 except httpx.HTTPError:
                     codes.append(-1)
 
-        tasks, end = [], time.monotonic() + seconds
-        while time.monotonic() < end:
+        tasks = []
+        while not stop.is_set():
             tasks.append(asyncio.create_task(one()))
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks)
@@ -107,6 +109,14 @@ async def open_loop(url: str, rate: float, seconds: float, codes: list[int]) -> 
 def cluster(factory) -> m.Cluster:
     with factory() as s:
         return s.scalars(select(m.Cluster)).one()
+
+
+def _settled(factory, seconds: float, since: datetime) -> bool:
+    """No ReplicasScaled for the last ``seconds`` (counted from ``since`` at the earliest)."""
+    with factory() as s:
+        last = s.scalar(select(func.max(m.Event.time)).where(m.Event.type == "ReplicasScaled"))
+    quiet_from = max(since, last) if last is not None else since
+    return (datetime.now(UTC) - quiet_from).total_seconds() >= seconds
 
 
 def ready(router: Router) -> int:
@@ -149,10 +159,16 @@ async def test_steady_load_makes_no_replan_churn(
         replanner.trigger("test")
         await eventually(lambda: ready(router) >= 2, 30, "two ready replicas")
         codes: list[int] = []
-        load = asyncio.create_task(open_loop(url, RATE, WARM_UP_S + MEASURE_S, codes))
-        await asyncio.sleep(WARM_UP_S)
+        stop_load = asyncio.Event()
+        load = asyncio.create_task(open_loop(url, RATE, stop_load, codes))
+        started, load_from = time.monotonic(), datetime.now(UTC)
+        await eventually(lambda: _settled(session_factory, SETTLED_S, load_from), WARM_UP_MAX_S,
+                         f"no scaling for {SETTLED_S:g}s under the steady load")  # fmt: skip
+        warm_up = time.monotonic() - started
         before, triggers = cluster(session_factory).desired_generation, len(replanner.reasons)
         measured_from, measured_at = time.monotonic(), datetime.now(UTC)
+        await asyncio.sleep(MEASURE_S)
+        stop_load.set()
         await load
         after = cluster(session_factory).desired_generation
         took = time.monotonic() - measured_from
@@ -171,7 +187,7 @@ async def test_steady_load_makes_no_replan_churn(
         await asyncio.gather(*tasks, return_exceptions=True)
         await runtime.close()
         server.stop()
-    print(f"steady {RATE:g} req/s for {took:.0f}s after {WARM_UP_S:g}s: desired generation "
+    print(f"steady {RATE:g} req/s for {took:.0f}s after {warm_up:.0f}s: desired generation "
           f"{before} -> {after}, {len(replanner.reasons) - triggers} re-plan trigger(s); "
           f"wanted changes over the whole run {scaled}")  # fmt: skip
     assert set(codes) == {200}, sorted(set(codes))
