@@ -234,9 +234,20 @@ class DeploymentObserved(Model):
 
 
 class FreeCapacity(Model):
+    """What a plane has in one pool, as its runtime sees it (placement never counts more
+    there than ``total_gpus``). ``gpus``: free now. ``waiting_replicas``: replicas, per
+    deployment, that the desired state puts in this pool but that cannot start for lack of
+    GPUs (placement moves them elsewhere)."""
+
     gpu_type: str
     pool: str | None = None
     gpus: int = Field(ge=0)
+    total_gpus: int | None = Field(
+        default=None, ge=0, description="GPUs the plane can use in this pool (None: unknown)"
+    )
+    waiting_replicas: dict[str, int] = Field(
+        default_factory=dict, description="per deployment: replicas that cannot start here"
+    )
 
 
 class NatsCredentials(Model):

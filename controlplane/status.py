@@ -73,10 +73,25 @@ class PoolStatus(Status):
 # --- clusters ------------------------------------------------------------------------------
 
 
+class PoolCapacity(Status):
+    """What a plane last reported of one pool: placement counts no more than `total_gpus`
+    there while the report is recent, and only what is in use while replicas wait."""
+
+    total_gpus: int | None = None
+    free_gpus: int = 0
+    waiting_replicas: dict[str, int] = Field(
+        default_factory=dict, description="per deployment: replicas that cannot start there"
+    )
+    reported_at: datetime
+
+
 class ClusterStatus(Status):
     cordoned: bool = False
     demand: dict[str, int] = Field(
         default_factory=dict, description="replicas this plane's autoscalers want, per deployment"
+    )
+    capacity: dict[str, PoolCapacity] = Field(
+        default_factory=dict, description="per pool: what the plane's runtime reports it has"
     )
 
 

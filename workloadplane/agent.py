@@ -32,6 +32,7 @@ from controlplane.contracts import (
     DesiredState,
     DesiredStateApplied,
     Envelope,
+    FreeCapacity,
     NatsCredentials,
     ObservedState,
     ReplicaFailed,
@@ -46,6 +47,7 @@ from controlplane.contracts import (
 from workloadplane.autoscaler_loop import Autoscaler
 from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
+from workloadplane.capacity import free_capacity
 from workloadplane.reconcile import (
     DEFAULT_DISAPPEARANCE_GRACE,
     DEFAULT_DRAIN_LEAD,
@@ -61,7 +63,7 @@ from workloadplane.reconcile import (
     with_kept,
 )
 from workloadplane.router.core import Router
-from workloadplane.runtime.base import Runtime
+from workloadplane.runtime.base import GpuInventory, Runtime
 from workloadplane.state import DesiredStateStore, should_apply
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,8 @@ class ReplicaChanges:
 class Agent:
     """State and decisions of one cluster's agent; the runtime, store and router are
     injected. ``changes``: what the runtime reports to (built from ``router`` if omitted,
-    for runtimes that report nothing)."""
+    for runtimes that report nothing). ``gpus``: the runtime's GPUs, reported upward in each
+    heartbeat (without one the plane reports no capacity and placement trusts its inventory)."""
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class Agent:
         changes: ReplicaChanges | None = None,
         drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
         disappearance_grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
+        gpus: GpuInventory | None = None,
     ) -> None:
         if changes is not None and changes.router is not router:
             raise ValueError("changes must follow the agent's own router: ReplicaChanges(router)")
@@ -116,6 +120,7 @@ class Agent:
         self.router = router
         """The plane's request router, fed here with deployments and replicas (optional)."""
         self.runtime = runtime
+        self.gpus = gpus
         self.store = store
         self.clock = clock
         self.desired: DesiredState | None = store.load()
@@ -395,7 +400,22 @@ class Agent:
             agent_version=AGENT_VERSION,
             replicas=replicas,
             deployments=deployments,
+            free_capacity=self.free_capacity(replicas),
         )
+
+    def free_capacity(self, replicas: list[ReplicaStatus]) -> list[FreeCapacity]:
+        """Per pool, the GPUs this plane can use, the free ones and the replicas that cannot
+        start for lack of them (what reconcile would start now beyond the free GPUs)."""
+        if self.gpus is None:
+            return []
+        actions = (
+            reconcile(self.desired, replicas, self.wanted, now=self.clock())
+            if self.desired is not None
+            else []
+        )
+        starts = [a for a in actions if isinstance(a, StartReplica)]
+        total, free = self.gpus.gpu_capacity()
+        return free_capacity(self.desired, replicas, starts, total, free)
 
     async def reconcile_loop(self, interval: float) -> None:
         while True:
@@ -492,6 +512,7 @@ async def run_agent(
     router_address: tuple[str, int] | None = None,
     drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
     disappearance_grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
+    gpus: GpuInventory | None = None,
 ) -> Agent:
     """Build the agent for ``cluster`` and serve until ``stop`` is set; returns the Agent.
     ``changes``: the ``ReplicaChanges`` the runtime was built with, if it reports any."""
@@ -505,6 +526,7 @@ async def run_agent(
         changes=changes,
         drain_lead=drain_lead,
         disappearance_grace=disappearance_grace,
+        gpus=gpus,
     )
     await serve(
         agent,

@@ -30,6 +30,7 @@ from workloadplane.autoscaling import (
     State,
     decide,
 )
+from workloadplane.demand import ReportedDemand, reported_demand
 from workloadplane.router.core import Backend, Router, concurrency_limit
 from workloadplane.router.upstream import UpstreamError
 
@@ -138,6 +139,8 @@ class Autoscaler:
         self._rules: dict[str, tuple[list[ScheduleWindow], tuple[ScheduleRule, ...]]] = {}
         self._phases: dict[str, ReplicaState] = {}
         self._beyond: dict[str, int] = {}
+        self._reported: dict[str, ReportedDemand] = {}
+        self._max: dict[str, int] = {}
 
     # --- waking -----------------------------------------------------------------------------
     async def woken(self, timeout: float) -> set[str]:
@@ -191,6 +194,15 @@ class Autoscaler:
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
+        self._max[name] = policy.max_replicas
+        self._reported[name] = reported_demand(
+            self._reported.get(name, ReportedDemand()),
+            max(decision.unconstrained_desired, decision.desired_replicas),
+            now.timestamp(),
+            policy.effective_scale_down_delay,
+            policy.window_seconds,
+            urgent=decision.panic,
+        )
         if _changes_something(decision, previous):
             self.events.append(
                 ScaleEvent(
@@ -254,22 +266,32 @@ class Autoscaler:
         return cached[1]
 
     def demand(self, name: str) -> int | None:
-        """Replicas to report upward: the unclamped demand (may exceed max), but never below
-        what the policy keeps (so a placement does not undercut the scale-down delay)."""
-        d = self.last.get(name)
-        return None if d is None else max(d.unconstrained_desired, d.desired_replicas)
+        """Replicas to report upward: the unclamped demand (may exceed max), never below what
+        the policy keeps, raised at once by 2+ (or in panic), by one after the window, and
+        lowered only after the scale-down delay (``workloadplane.demand``)."""
+        reported = self._reported.get(name)
+        return None if reported is None else reported.value
 
     def newly_beyond_max(self, name: str) -> bool:
-        """True once each time the demand beyond max rises (to report it as a fact)."""
-        d = self.last.get(name)
-        beyond = d.demand_beyond_max if d is not None else 0
+        """True once each time the reported demand beyond max rises (to report it as a fact):
+        with the report's hysteresis, a demand flickering across max is one fact, not one
+        per flicker (each one asks the control plane for a re-plan)."""
+        demand = self.demand(name)
+        beyond = max(0, demand - self._max.get(name, demand)) if demand is not None else 0
         before = self._beyond.get(name, 0)
         self._beyond[name] = beyond
         return beyond > before
 
     def forget(self, keep: Collection[str], replicas: Collection[str]) -> None:
         """Drop what is kept for deployments no longer desired and replicas gone."""
-        for table in (self.states, self.last, self._rules, self._beyond):
+        for table in (
+            self.states,
+            self.last,
+            self._rules,
+            self._beyond,
+            self._reported,
+            self._max,
+        ):
             for name in [n for n in table if n not in keep]:
                 del table[name]
         for table in (self._phases, self.gauges):

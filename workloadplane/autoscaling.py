@@ -3,7 +3,8 @@
 Pure: signals and ``now`` in, a decision and the next state out; no I/O, no clock reads.
 Invariants: desired replicas stay within [min, max] (min raised by the schedule);
 utilisation signals only raise them; replicas are removed only after a lower recommendation
-has persisted for the scale-down delay (never shorter than the window) and never in panic;
+has persisted for the scale-down delay (never shorter than the window), only to a count
+that would run below ``scale_down_utilisation`` of the target, and never in panic;
 idle replicas are drained before busy ones.
 """
 
@@ -66,6 +67,10 @@ class Policy:
     # A burst seen in this many consecutive samples panics without waiting for the mean.
     panic_confirm_samples: int = 2
     kv_cache_target: float = 0.9
+    # A replica is removed only if the lower count would run at most this fraction of the
+    # target: at 94 % of it, queueing raises in-flight + queued above the target again and
+    # the count flips back within seconds (issue 12 item 7).
+    scale_down_utilisation: float = 0.8
     backoff_initial_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
     schedule: tuple[ScheduleRule, ...] = ()
@@ -83,6 +88,8 @@ class Policy:
             raise ValueError("panic_window_fraction must be in (0, 1]")
         if not 0 < self.kv_cache_target <= 1:
             raise ValueError("kv_cache_target must be in (0, 1]")
+        if not 0 < self.scale_down_utilisation <= 1:
+            raise ValueError("scale_down_utilisation must be in (0, 1]")
         if self.scale_down_delay_seconds < 0 or self.panic_confirm_samples < 1:
             raise ValueError("scale_down_delay_seconds must be >= 0, panic_confirm_samples >= 1")
 
@@ -160,6 +167,7 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class _Load:
     stable: int  # replicas for the window mean
+    stable_down: int  # replicas for the window mean at scale_down_utilisation x target
     panic_level: float  # short-window load, in replicas
     burst: bool  # short window at >= panic_threshold x ready capacity
     utilisation: int  # replicas the vllm gauges call for
@@ -188,7 +196,7 @@ def decide(policy: Policy, state: State, signals: Signals, now: datetime) -> tup
     # Never scale down to a count the recent short-window load would panic straight back up.
     panic_floor = math.floor(load.panic_level / policy.panic_threshold) + 1
     down_to = _clamp(
-        max(demand, keep_one, panic_floor if load.panic_level > 0 else 0),
+        max(demand, load.stable_down, keep_one, panic_floor if load.panic_level > 0 else 0),
         floor,
         policy.max_replicas,
     )
@@ -277,8 +285,10 @@ def _measure(policy: Policy, state: State, signals: Signals, t: float, ready: in
     if len(short) >= confirm:
         level = max(level, min(short[-confirm:]))
     panic_level = level / target
+    mean = sum(loads) / len(loads)
     return _Load(
-        stable=math.ceil(sum(loads) / len(loads) / target - 1e-9),
+        stable=math.ceil(mean / target - 1e-9),
+        stable_down=math.ceil(mean / (target * policy.scale_down_utilisation) - 1e-9),
         panic_level=panic_level,
         burst=panic_level >= policy.panic_threshold * max(1, ready),
         utilisation=_utilisation_desired(policy, signals),

@@ -26,7 +26,7 @@ import typer
 
 if TYPE_CHECKING:
     from workloadplane.router.core import Router
-    from workloadplane.runtime.base import ClosableRuntime, ReplicaWatcher
+    from workloadplane.runtime.base import ClosableRuntime, GpuInventory, ReplicaWatcher
 
 app = typer.Typer(
     help="Workload-plane processes: agent, router, engine simulator.",
@@ -123,7 +123,7 @@ def agent(
             router = Router()
         router_address = (router_host, router_port) if router_port is not None else None
         changes = ReplicaChanges(router)
-        plane_runtime = _make_runtime(runtime, engine, engine_python, state, changes, router)
+        plane_runtime, gpus = _make_runtime(runtime, engine, engine_python, state, changes, router)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,6 +143,7 @@ def agent(
             router_address=router_address,
             drain_lead=DEFAULT_DRAIN_LEAD if drain_lead is None else timedelta(seconds=drain_lead),
             disappearance_grace=timedelta(seconds=disappearance_grace),
+            gpus=gpus,
         )
         if following is not None and remote is not None:
             following.cancel()
@@ -162,11 +163,12 @@ def _make_runtime(
     state_dir: Path,
     watcher: ReplicaWatcher,
     router: Router | None,
-) -> ClosableRuntime:
+) -> tuple[ClosableRuntime, GpuInventory | None]:
+    """The runtime and, when it has real or virtual GPUs to count, its GPU inventory."""
     if kind is RuntimeKind.memory:
         from workloadplane.runtime.memory import InMemoryRuntime
 
-        return InMemoryRuntime()
+        return InMemoryRuntime(), None
     from workloadplane.runtime.process import ProcessRuntime
     from workloadplane.runtime.templates import enginesim_template, vllm_template
 
@@ -175,7 +177,8 @@ def _make_runtime(
         if engine is EngineKind.vllm
         else enginesim_template(engine_python)
     )
-    return ProcessRuntime(template, state_dir / "runtime", watcher=watcher, in_flight=router)
+    plane = ProcessRuntime(template, state_dir / "runtime", watcher=watcher, in_flight=router)
+    return plane, plane
 
 
 def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:

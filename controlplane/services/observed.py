@@ -34,6 +34,7 @@ from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
 from controlplane.services import epochs
 from controlplane.services.desired import desired_state, release_holds
+from controlplane.status import PoolCapacity
 from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
 
 log = logging.getLogger("gpufleet.observed")
@@ -118,7 +119,7 @@ class DbSink:
             release_holds(session, _sync_replicas(session, cluster, state))
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
-            return reason, rejected
+            return _record_capacity(session, cluster, state, received_at) or reason, rejected
 
     def _fact(self, name: str, fact: Fact, received_at: datetime) -> str | None:
         """Record one fact; why placement should look again (None: no need)."""
@@ -274,6 +275,56 @@ def occurred_at(fact: Fact, received_at: datetime) -> datetime:
     ``CLOCK_SKEW`` (a plane's clock far ahead, or a forged time, does not date it later)."""
     happened = fact.time if fact.time.tzinfo else fact.time.replace(tzinfo=UTC)
     return min(happened, received_at + CLOCK_SKEW)
+
+
+def _record_capacity(
+    session: Session, cluster: Cluster, state: ObservedState, received_at: datetime
+) -> str | None:
+    """Keep what the plane reports of its pools (a report without a pool is the cluster's
+    only pool's); "capacity" when replicas newly wait for GPUs or a pool's size changed (so
+    placement looks again), with an event saying why."""
+    pools = sorted(p.name for p in cluster.pools)
+    before = cluster_status(cluster).capacity
+    now: dict[str, PoolCapacity] = {}
+    for report in state.free_capacity:
+        pool = report.pool if report.pool is not None else (pools[0] if len(pools) == 1 else None)
+        if pool is None or pool not in pools:
+            continue  # not a pool of this cluster: nothing placement could use
+        now[pool] = PoolCapacity(
+            total_gpus=report.total_gpus,
+            free_gpus=report.gpus,
+            waiting_replicas={d: n for d, n in report.waiting_replicas.items() if n > 0},
+            reported_at=received_at,
+        )
+    if not now and not before:
+        return None
+    set_status(cluster, capacity={k: v.model_dump(mode="json") for k, v in now.items()})
+    news = []
+    for pool, cap in now.items():
+        old = before.get(pool)
+        waiting = cap.waiting_replicas
+        if waiting and (old is None or old.waiting_replicas != waiting):
+            used = (cap.total_gpus or 0) - cap.free_gpus
+            who = ", ".join(f"{n} replica(s) of {d}" for d, n in sorted(waiting.items()))
+            news.append(
+                f"pool {pool}: {who} cannot start ({cap.free_gpus} of {cap.total_gpus} GPUs "
+                f"free): placement counts only the {used} GPU(s) in use there until they can"
+            )
+        elif old is None or old.total_gpus != cap.total_gpus:
+            news.append(f"pool {pool}: the plane has {cap.total_gpus} GPU(s)")
+    if not news:
+        return None
+    session.add(
+        Event(
+            type="CapacityReported",
+            object_kind="Cluster",
+            object_id=cluster.id,
+            object_name=cluster.name,
+            message=f"{cluster.name}: " + "; ".join(news),
+            data={pool: cap.model_dump(mode="json") for pool, cap in now.items()},
+        )
+    )
+    return "capacity"
 
 
 def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:

@@ -9,7 +9,7 @@ the desired generation of every cluster whose share changed. What-if previews
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -31,6 +31,7 @@ from controlplane.db.columns import (
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services import spend
+from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
 from controlplane.services.desired import bump_desired
 from controlplane.spend import SpendLimits
 
@@ -60,28 +61,46 @@ class World:
     deployments: dict[str, m.Deployment] = field(default_factory=dict)
     clusters: dict[str, m.Cluster] = field(default_factory=dict)
     pools: dict[str, m.Pool] = field(default_factory=dict)
+    placed: tuple[engine.Assignment, ...] = ()
+    """The stored placement; `input.current` leaves out replicas that cannot start."""
 
 
-def wanted_replicas(deployment: m.Deployment) -> int:
-    """From the autoscalers' summed demand, within [min, max]; a scale-to-zero deployment
-    keeps room for one replica so that its first request can be served after a cold start."""
+DEMAND_DEADBAND = 0.1
+"""A summed demand within this fraction of what is placed (rounded down: none below ten
+replicas) keeps the placed count: each plane rounds its own demand up, so their sum moves
+by a few replicas that no plane needs."""
+
+
+def planned_demand(demand: int, placed: int | None) -> int:
+    """``demand``, unless it is within the deadband of ``placed`` (None: nothing placed)."""
+    if placed is None or placed == 0:
+        return demand
+    return placed if abs(demand - placed) <= int(placed * DEMAND_DEADBAND) else demand
+
+
+def wanted_replicas(deployment: m.Deployment, placed: int | None = None) -> int:
+    """From the autoscalers' summed demand (deadbanded around ``placed``, see
+    `planned_demand`), within [min, max]; a scale-to-zero deployment keeps room for one
+    replica so that its first request can be served after a cold start."""
     auto = deployment_autoscaling(deployment)
     low, high = auto.min_replicas, auto.max_replicas
     floor = max(low, 1 if high >= 1 else 0)
-    return max(floor, min(high, deployment.demand_replicas))
+    return max(floor, min(high, planned_demand(deployment.demand_replicas, placed)))
 
 
-def _pool(row: m.Pool, now: datetime, held_gpus: int) -> engine.Pool:
-    """Capacity: the pool's declared `gpus` plus the GPUs of instances procurement holds.
-    Procurable: what the quota (on-demand), the commitment (reserved) or the offer (spot)
-    still allows, none while the pool is exhausted, over quota, failing or in an outage."""
-    capacity = row.gpus + held_gpus
+def _pool(row: m.Pool, now: datetime, held_gpus: int, usable: int | None = None) -> engine.Pool:
+    """Capacity: the pool's declared `gpus` plus the GPUs of instances procurement holds,
+    no more than `usable` (what its planes report, see `usable_gpus`). Procurable: what the
+    quota (on-demand), the commitment (reserved) or the offer (spot) still allows, none
+    while the pool is exhausted, over quota, failing or in an outage."""
+    inventory = row.gpus + held_gpus
+    capacity = inventory if usable is None else min(inventory, usable)
     procurable = 0
     if blocked_reason(row, now) is None:
         if row.purchase_type == "on_demand":
-            procurable = max(0, (row.quota_gpus or 0) - capacity)
+            procurable = max(0, (row.quota_gpus or 0) - inventory)
         elif row.purchase_type == "reserved":
-            procurable = max(0, (row.committed_gpus or 0) - capacity)
+            procurable = max(0, (row.committed_gpus or 0) - inventory)
         else:
             procurable = pool_status(row).spot_available_gpus or 0
     return engine.Pool(
@@ -99,13 +118,13 @@ def _pool(row: m.Pool, now: datetime, held_gpus: int) -> engine.Pool:
     )
 
 
-def _deployment(row: m.Deployment) -> engine.Deployment:
+def _deployment(row: m.Deployment, placed: int | None = None) -> engine.Deployment:
     p = deployment_placement(row)
     return engine.Deployment(
         name=row.name,
         gpus_per_replica=row.gpus_per_replica,
         gpu_types=tuple(row.gpu_types),
-        wanted_replicas=wanted_replicas(row),
+        wanted_replicas=wanted_replicas(row, placed),
         min_replicas=deployment_autoscaling(row).min_replicas,
         policy=engine.PlacementPolicy(
             allowed_jurisdictions=frozenset(p.allowed_jurisdictions),
@@ -146,7 +165,8 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         "cluster": {c.id: c.name for c in clusters.values()},
         "pool": {p.id: p.name for p in pools.values()},
     }
-    current = tuple(
+    reports = reported_capacity(clusters)
+    stored = [
         engine.Assignment(
             names["deployment"][row.deployment_id],
             names["cluster"][row.cluster_id],
@@ -155,21 +175,44 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         )
         for row in session.scalars(select(m.Placement).order_by(m.Placement.id))
         if row.replicas > 0
+    ]
+    placed: dict[str, int] = defaultdict(int)
+    for a in stored:
+        placed[a.deployment] += a.replicas
+    current = tuple(
+        replace(a, replicas=running_share(a, reports))
+        for a in stored
+        if running_share(a, reports) > 0
     )
+    per_replica = {d.name: d.gpus_per_replica for d in deployments.values()}
+    running: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for a in current:
+        running[a.pool][a.cluster] += a.replicas * per_replica[a.deployment]
     return World(
         input=engine.PlacementInput(
             regions=tuple(
                 engine.Region(r.name, r.jurisdiction, utc_offset_hours(r.longitude))
                 for r in regions
             ),
-            pools=tuple(_pool(p, now, held.get(p.id, 0)) for p in pools.values()),
+            pools=tuple(
+                _pool(
+                    p,
+                    now,
+                    held.get(p.id, 0),
+                    usable_gpus(
+                        p.gpus + held.get(p.id, 0), reports.get(p.name, {}), running[p.name]
+                    ),
+                )
+                for p in pools.values()
+            ),
             clusters=tuple(_cluster(c) for c in clusters.values()),
-            deployments=tuple(_deployment(d) for d in deployments.values()),
+            deployments=tuple(_deployment(d, placed.get(d.name)) for d in deployments.values()),
             current=current,
         ),
         deployments=deployments,
         clusters=clusters,
         pools=pools,
+        placed=tuple(stored),
     )
 
 
@@ -237,7 +280,7 @@ def apply_result(
 ) -> dict[str, Any]:
     """Write the placement; returns the summary. Clusters whose share changed get a new
     desired generation (the bus process publishes them)."""
-    before = {(a.deployment, a.cluster, a.pool): a.replicas for a in world.input.current}
+    before = {(a.deployment, a.cluster, a.pool): a.replicas for a in world.placed}
     after = {(a.deployment, a.cluster, a.pool): a.replicas for a in result.assignments}
     touched = {
         world.clusters[key[1]].id
@@ -363,7 +406,7 @@ def current(session: Session) -> dict[str, Any]:
     total = sum(Decimal(p.cost_per_hour) for p in placed.values() if p is not None)
     assignments = [
         {"deployment": a.deployment, "cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
-        for a in world.input.current
+        for a in world.placed
     ]
     return {
         "total_cost_per_hour": f"{total:.6f}",

@@ -56,6 +56,16 @@ class InFlightCounter(Protocol):
     def replica_in_flight(self, replica_id: str) -> int: ...
 
 
+class GpuInventory(Protocol):
+    """The GPUs a runtime gives its replicas (ProcessRuntime is one; the agent takes one in
+    its constructor and reports it upward, so that placement never counts more GPUs here
+    than the plane has). Returns at once, from memory."""
+
+    def gpu_capacity(self) -> tuple[int, int]:
+        """(total, free) GPUs of this plane's runtime."""
+        ...
+
+
 class ClosableRuntime(Runtime, Protocol):
     """A runtime that holds resources (clients, watch tasks) until closed by its owner."""
 

@@ -49,6 +49,10 @@ class GpuAllocator:
     def free(self) -> int:
         return len(self._free)
 
+    @property
+    def total(self) -> int:
+        return len(self._all)
+
     def allocate(self, count: int) -> list[str]:
         if count > len(self._free):
             kind = "GPUs" if self.real else "virtual GPUs"

@@ -9,10 +9,15 @@ from __future__ import annotations
 import itertools
 
 from controlplane.contracts import ReplicaStatus, RevisionSpec
+from workloadplane.runtime.gpus import InsufficientGpusError
 
 
 class InMemoryRuntime:
-    def __init__(self, ready_on_list: bool = True) -> None:
+    def __init__(self, ready_on_list: bool = True, *, gpus: int | None = None) -> None:
+        """``gpus``: how many GPUs its replicas may use (``start`` raises
+        ``InsufficientGpusError`` beyond them, as ProcessRuntime does); None: unlimited."""
+        self._gpus = gpus
+        self._used: dict[str, int] = {}
         self._replicas: dict[str, ReplicaStatus] = {}
         self._ids = itertools.count(1)
         self._ready_on_list = ready_on_list
@@ -28,7 +33,13 @@ class InMemoryRuntime:
         pool: str | None = None,
         instance: str | None = None,
     ) -> ReplicaStatus:
+        if self._gpus is not None and spec.gpus_per_replica > self.gpu_capacity()[1]:
+            raise InsufficientGpusError(
+                f"a replica needs {spec.gpus_per_replica} GPUs but "
+                f"{self.gpu_capacity()[1]} of {self._gpus} are free"
+            )
         replica_id = f"{deployment}-{spec.revision}-{next(self._ids)}"
+        self._used[replica_id] = spec.gpus_per_replica
         replica = ReplicaStatus(
             replica_id=replica_id,
             deployment=deployment,
@@ -42,12 +53,20 @@ class InMemoryRuntime:
         return replica
 
     async def stop(self, replica_id: str) -> None:
+        self._used.pop(replica_id, None)
         if self._replicas.pop(replica_id, None) is not None:
             self.stopped += 1
 
     async def drain(self, replica_id: str) -> None:
+        self._used.pop(replica_id, None)
         if self._replicas.pop(replica_id, None) is not None:
             self.drained += 1
+
+    def gpu_capacity(self) -> tuple[int, int]:
+        """``GpuInventory``: (total, free); unlimited GPUs count as what is used."""
+        used = sum(self._used.values())
+        total = self._gpus if self._gpus is not None else used
+        return total, max(0, total - used)
 
     async def list_replicas(self) -> list[ReplicaStatus]:
         if self._ready_on_list:

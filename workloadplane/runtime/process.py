@@ -118,6 +118,10 @@ class ProcessRuntime:
         self._client = httpx.AsyncClient(timeout=self.config.health_timeout_s)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 
+    def gpu_capacity(self) -> tuple[int, int]:
+        """``GpuInventory``: (total, free) GPUs of the allocator."""
+        return self.gpus.total, self.gpus.free
+
     # --- Runtime protocol -----------------------------------------------------------------
     async def start(
         self,

@@ -156,11 +156,23 @@ def test_starting_replicas_are_drained_before_ready_ones() -> None:
 
 
 def test_scale_down_waits_for_the_delay_and_a_full_window() -> None:
-    policy = make_policy(scale_down_delay_seconds=120.0)
+    # at exactly the target (load 8, target 8): removing down to 1 needs no headroom
+    policy = make_policy(scale_down_delay_seconds=120.0, scale_down_utilisation=1.0)
     decisions, _ = run(policy, State(), make_signals(8, ready=4), MONDAY_0900, 200)
     first_down = next(i for i, d in enumerate(decisions) if d.action == ScaleAction.SCALE_DOWN)
     assert first_down >= 60 + 120 - 1  # window before the below-period, then the delay
     assert decisions[first_down].desired_replicas == 1
+
+
+def test_scale_down_leaves_headroom_so_that_queueing_does_not_flip_it_back() -> None:
+    """Load 7 at target 4 on 3 replicas: 2 replicas would run at 88 % of the target, and
+    queueing there pushes in-flight + queued over 8 again (seen flipping 3 -> 2 -> 3 within
+    5 s at a steady 15 req/s). The count stays at 3; at load 6 (75 %) it goes to 2."""
+    policy = make_policy(target_concurrency=4.0, scale_down_delay_seconds=60.0)
+    steady, _ = run(policy, State(), make_signals(7, ready=3, target=4), MONDAY_0900, 200)
+    assert {d.desired_replicas for d in steady} == {3}
+    lower, _ = run(policy, State(), make_signals(6, ready=3, target=4), MONDAY_0900, 200)
+    assert [d.desired_replicas for d in lower if d.action is ScaleAction.SCALE_DOWN][:1] == [2]
 
 
 def test_panic_suspends_scale_down() -> None:
