@@ -186,17 +186,7 @@ def create(session: Session, kind: ResourceKind, spec: Spec, actor: Actor) -> Wr
     session.add(row)
     session.flush()
     after = spec_json(kind, row)
-    audit.record(
-        session,
-        actor=actor.name,
-        action="create",
-        kind=kind.kind,
-        resource_id=row.id,
-        name=row.name,
-        before=None,
-        after=after,
-        request_id=actor.request_id,
-    )
+    _audit(session, actor, "create", kind, row, before=None, after=after)
     return WriteResult(row, created=True, changed=True, secrets=secrets)
 
 
@@ -246,20 +236,33 @@ def delete(
     affected = kind.removing(session, row)  # before its placements and replicas go
     kind.check_delete(session, row, force)
     before = spec_json(kind, row)
+    _audit(session, actor, "delete", kind, row, before=before, after=None)
+    session.delete(row)
+    session.flush()
+    bump_desired(session, affected)
+
+
+def _audit(
+    session: Session,
+    actor: Actor,
+    action: str,
+    kind: ResourceKind,
+    row: Any,
+    *,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
     audit.record(
         session,
         actor=actor.name,
-        action="delete",
+        action=action,
         kind=kind.kind,
         resource_id=row.id,
         name=row.name,
         before=before,
-        after=None,
+        after=after,
         request_id=actor.request_id,
     )
-    session.delete(row)
-    session.flush()
-    bump_desired(session, affected)
 
 
 def merge_patch(target: Any, patch_doc: Any) -> Any:
@@ -294,17 +297,7 @@ def _update(
     row.generation += 1
     _on_change(session, row, before, after)
     session.flush()
-    audit.record(
-        session,
-        actor=actor.name,
-        action="update",
-        kind=kind.kind,
-        resource_id=row.id,
-        name=row.name,
-        before=before,
-        after=after,
-        request_id=actor.request_id,
-    )
+    _audit(session, actor, "update", kind, row, before=before, after=after)
     return WriteResult(row, changed=True)
 
 
