@@ -38,7 +38,7 @@ from controlplane.bus.desired import (
     retire_desired,
     stored_clusters,
 )
-from controlplane.contracts import DesiredState, decode_desired, desired_key, encode, utcnow
+from controlplane.contracts import DesiredState, encode, utcnow
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.liveness import CatchUp
@@ -154,28 +154,6 @@ class SnapshotLoop:
                 self._factory,
                 lambda s: publication.record_sent_again(s, state.cluster, state.generation, size),
             )
-        if result.outcome == "stale" and await self._holds_a_retired_key(state, result):
-            # a cluster deleted and created again under its name: move past the empty
-            # snapshot the bucket holds, so that the next tick publishes above it
-            await asyncio.to_thread(
-                _write,
-                self._factory,
-                lambda s: publication.advance_generation(
-                    s, state.cluster, result.stored_generation
-                ),
-            )
-            self._published.pop(state.cluster, None)
-
-    async def _holds_a_retired_key(self, state: DesiredState, result: PublishResult) -> bool:
-        """The bucket's snapshot is empty and not below ours, though ours is newer news."""
-        ours_empty = not state.deployments and not state.instances
-        if result.stored_generation < state.generation or (
-            result.stored_generation == state.generation and ours_empty
-        ):
-            return False
-        entry = await self._kv.get(desired_key(state.cluster))
-        stored = decode_desired(entry.value) if entry.value else None
-        return stored is not None and not stored.deployments and not stored.instances
 
 
 def claim_if_ahead(

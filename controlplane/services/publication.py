@@ -4,7 +4,7 @@ bucket holds that PostgreSQL does not know (a deleted cluster's empty snapshot).
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.db.models import Cluster, Event
@@ -56,14 +56,4 @@ def record_sent_again(session: Session, cluster_name: str, generation: int, size
             f"generation {generation} sent",
             data={"generation": generation, "size_bytes": size},
         )
-    )
-
-
-def advance_generation(session: Session, cluster_name: str, above: int) -> None:
-    """Move a cluster's desired generation past `above`, a generation the bucket holds that
-    PostgreSQL does not know (the empty snapshot of a deleted cluster of the same name)."""
-    session.execute(
-        update(Cluster)
-        .where(Cluster.name == cluster_name, Cluster.desired_generation <= above)
-        .values(desired_generation=above + 1)
     )

