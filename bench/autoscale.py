@@ -16,6 +16,8 @@ so the decision times are exact for the step times tried (20 phases from just af
 Live: the same step on a real agent process (bench/support/live_autoscale.py), read from the
 agent's scale events. Target: decision <= 2 s after the step (both), at most one reversal per
 window.
+The last line printed is the headline: the figure, the peer or bound, the target, PASS or FAIL
+(bench/support/headline.py); the exit status is non-zero on FAIL.
 """
 
 from __future__ import annotations

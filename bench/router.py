@@ -3,6 +3,8 @@ backends, in the same run. Targets (DESIGN.md): added latency at concurrency 1 �
 a killed replica → 0 failed requests; a hung (SIGSTOPped) replica ejected ≤ 2 s with ≤ 0.5 %
 failed. Throughput at concurrency 64 is reported for both. vllm-router is pip-installed into
 its own venv under ~/.cache/gpufleet/bench/ on first use.
+The last line printed is the headline: the figure, the peer or bound, the target, PASS or FAIL
+(bench/support/headline.py); the exit status is non-zero on FAIL.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ every failed request of the run.
 
 Target: replacement decided ≤ 1 s after the notice, 0 failed requests; the peer is the
 notice itself (AWS: 120 s, GCP: 30 s).
+The last line printed is the headline: the figure, the peer or bound, the target, PASS or FAIL
+(bench/support/headline.py); the exit status is non-zero on FAIL.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 
 from controlplane.local.ports import free_port_block
 from controlplane.local.postgres import EmbeddedPostgres
-from tests.integration.test_up import READY, Up, _naming
+from tests.integration.test_up import READY, Up, _naming, _wait_until
 
 CLUSTERS = ("euc1-a", "local-a", "use1-a")
 """The demo fleet's clusters; `up` serves cluster i's router on router_base + i."""
@@ -56,6 +56,17 @@ class Fleet:
         return (
             f"http://127.0.0.1:{self.ports['agent_metrics_base'] + CLUSTERS.index(cluster)}/metrics"
         )
+
+    def serving(self, deployment: str, timeout_s: float = 90) -> str:
+        """The cluster whose router serves `deployment` (waits until one does)."""
+        found: list[str] = []
+
+        def check() -> bool:
+            found[:] = [c for c in CLUSTERS if deployment in self.models(c)]
+            return bool(found)
+
+        _wait_until(check, timeout_s, f"a plane to serve {deployment}")
+        return found[0]
 
     def router(self, cluster: str) -> str:
         return f"http://127.0.0.1:{self.ports['router_base'] + CLUSTERS.index(cluster)}"

@@ -22,18 +22,6 @@ from tests.integration.faults.conftest import CLUSTERS, Fleet
 from tests.integration.test_up import _wait_until
 
 
-def _serving(fleet: Fleet, deployment: str, timeout_s: float = 90) -> str:
-    """The cluster whose router serves `deployment` (waits until one does)."""
-    found: list[str] = []
-
-    def check() -> bool:
-        found[:] = [c for c in CLUSTERS if deployment in fleet.models(c)]
-        return bool(found)
-
-    _wait_until(check, timeout_s, f"a plane to serve {deployment}")
-    return found[0]
-
-
 def _assignments(fleet: Fleet, deployment: str) -> list[tuple[str, str, int]]:
     placement = fleet.api.get("/api/v1/placement").json()
     return sorted(
@@ -62,7 +50,7 @@ def test_a_stalled_bus_process_is_not_taken_for_the_planes_death(fleet: Fleet) -
     every cluster was declared down, re-planned empty, and every agent stopped every replica
     when the bus came back."""
     for deployment in ("eu-assistant", "triage-llm"):
-        _serving(fleet, deployment)
+        fleet.serving(deployment)
     before = {c: fleet.replica_pids(c) for c in CLUSTERS}
     downs_before = len(_events(fleet, type="ClusterDown"))
     bus = fleet.child("controlplane.cli bus")
@@ -96,7 +84,7 @@ def test_a_forged_heartbeat_cannot_drive_placement_or_spending(fleet: Fleet) -> 
     """Item 4: one well-formed heartbeat on a plane's own subject claimed demand 6 for a
     deployment it does not run; the control plane re-planned it to 6 replicas ($103/h) and
     dispatched procurement of 8 on-demand H100s. A fake "ready" replica was accepted too."""
-    _serving(fleet, "triage-llm")
+    fleet.serving("triage-llm")
     placed = _assignments(fleet, "triage-llm")
     runs_there = {c for c, _, _ in placed}
     forger = next(c for c in CLUSTERS if c not in runs_there)

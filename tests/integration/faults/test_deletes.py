@@ -4,24 +4,12 @@ after a restart): the delete did not bump the cluster's desired generation."""
 
 from __future__ import annotations
 
-from tests.integration.faults.conftest import CLUSTERS, Fleet
+from tests.integration.faults.conftest import Fleet
 from tests.integration.test_up import _wait_until
 
 
-def _serving(fleet: Fleet, deployment: str, timeout_s: float = 90) -> str:
-    """The cluster whose router serves `deployment` (waits until one does)."""
-    found: list[str] = []
-
-    def check() -> bool:
-        found[:] = [c for c in CLUSTERS if deployment in fleet.models(c)]
-        return bool(found)
-
-    _wait_until(check, timeout_s, f"a plane to serve {deployment}")
-    return found[0]
-
-
 def test_deleting_a_deployment_stops_it_on_its_plane(fleet: Fleet) -> None:
-    cluster = _serving(fleet, "triage-llm")
+    cluster = fleet.serving("triage-llm")
     spec = fleet.api.get("/api/v1/deployments/triage-llm").json()
     body = {
         k: v
@@ -43,4 +31,4 @@ def test_deleting_a_deployment_stops_it_on_its_plane(fleet: Fleet) -> None:
         )
     finally:  # made again under the same name, for the tests after this one
         assert fleet.api.put("/api/v1/deployments/triage-llm", json=body).status_code == 201
-    _serving(fleet, "triage-llm")
+    fleet.serving("triage-llm")

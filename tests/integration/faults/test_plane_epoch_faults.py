@@ -10,20 +10,8 @@ import httpx
 import nats
 
 from controlplane.contracts import DESIRED_BUCKET, DesiredState, desired_key
-from tests.integration.faults.conftest import CLUSTERS, Fleet
+from tests.integration.faults.conftest import Fleet
 from tests.integration.test_up import _wait_until
-
-
-def _serving(fleet: Fleet, deployment: str, timeout_s: float = 90) -> str:
-    """The cluster whose router serves `deployment` (waits until one does)."""
-    found: list[str] = []
-
-    def check() -> bool:
-        found[:] = [c for c in CLUSTERS if deployment in fleet.models(c)]
-        return bool(found)
-
-    _wait_until(check, timeout_s, f"a plane to serve {deployment}")
-    return found[0]
 
 
 async def _put_desired(fleet: Fleet, cluster: str, make: object) -> None:
@@ -42,7 +30,7 @@ async def _put_desired(fleet: Fleet, cluster: str, make: object) -> None:
 def test_a_huge_generation_does_not_wedge_a_plane(fleet: Fleet) -> None:
     """Item 10: a valid snapshot with generation 10^12 was applied and every later normal
     update ignored."""
-    cluster = _serving(fleet, "eu-assistant")
+    cluster = fleet.serving("eu-assistant")
 
     def forged(value: bytes) -> bytes:
         snapshot = DesiredState.model_validate_json(value)
@@ -76,7 +64,7 @@ def test_a_huge_generation_does_not_wedge_a_plane(fleet: Fleet) -> None:
 
 def test_the_agents_rejections_are_served_on_its_metrics_endpoint(fleet: Fleet) -> None:
     """Item 10: `gpufleet_agent_rejected_messages_total` existed but no endpoint served it."""
-    cluster = _serving(fleet, "eu-assistant")
+    cluster = fleet.serving("eu-assistant")
     metric = 'gpufleet_agent_rejected_messages_total{reason="malformed"}'
 
     def count() -> float:

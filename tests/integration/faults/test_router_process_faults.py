@@ -10,26 +10,14 @@ import time
 import httpx
 from openai import OpenAI
 
-from tests.integration.faults.conftest import CLUSTERS, Fleet
+from tests.integration.faults.conftest import Fleet
 from tests.integration.test_up import _wait_until
-
-
-def _serving(fleet: Fleet, deployment: str, timeout_s: float = 90) -> str:
-    """The cluster whose router serves `deployment` (waits until one does)."""
-    found: list[str] = []
-
-    def check() -> bool:
-        found[:] = [c for c in CLUSTERS if deployment in fleet.models(c)]
-        return bool(found)
-
-    _wait_until(check, timeout_s, f"a plane to serve {deployment}")
-    return found[0]
 
 
 def test_killing_an_agent_costs_nothing_in_flight(fleet: Fleet) -> None:
     """Item 5: the router ran in the agent's process: a killed agent cut in-flight streams and
     refused new connections for 2–5 s."""
-    cluster = _serving(fleet, "eu-assistant")
+    cluster = fleet.serving("eu-assistant")
     client = OpenAI(
         base_url=fleet.router(cluster) + "/v1", api_key="none", timeout=60, max_retries=0
     )
