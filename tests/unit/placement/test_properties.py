@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.placement import PlacementInput, PlacementResult, place, replan
+from controlplane.placement import place, replan
 from tests.unit.placement.builders import REGIONS, make_deployment, make_input, make_pool
+from tests.unit.placement.rules import check_rules
 
 SETTINGS = settings(
     max_examples=60,
@@ -71,46 +71,11 @@ def deployments(draw):
     ]
 
 
-def check_invariants(inp: PlacementInput, result: PlacementResult) -> None:
-    pools = {p.id: p for p in inp.pools}
-    deps = {d.name: d for d in inp.deployments}
-    healthy = {c.name: set(c.pool_ids) for c in inp.clusters if c.state == "healthy"}
-    used: dict[str, int] = {}
-    placed: dict[str, list[tuple[str, int]]] = {}
-    for a in result.assignments:
-        pool, dep = pools[a.pool], deps[a.deployment]
-        pol = dep.policy
-        used[a.pool] = used.get(a.pool, 0) + a.replicas * dep.gpus_per_replica
-        placed.setdefault(a.deployment, []).append((a.pool, a.replicas))
-        assert a.pool in healthy[a.cluster]
-        assert pool.gpu_type in dep.gpu_types
-        assert dep.gpus_per_replica <= pool.gpus_per_instance
-        assert not pol.allowed_jurisdictions or JURIS[pool.region] in pol.allowed_jurisdictions
-        assert pol.required_certifications <= pool.certifications
-        assert pool.purchase != "spot" or pol.spot_allowed
-    for pid, gpus in used.items():
-        assert gpus <= pools[pid].capacity_gpus + pools[pid].procurable_gpus, pid
-    for name, slots in placed.items():
-        dep = deps[name]
-        total = sum(n for _, n in slots)
-        assert total <= dep.target_replicas
-        spot = sum(n for p, n in slots if pools[p].purchase == "spot")
-        assert spot <= math.floor(dep.policy.max_spot_fraction * dep.target_replicas + 1e-9)
-        provs = {pools[p].provider for p, _ in slots}
-        regions = {pools[p].region for p, _ in slots}
-        assert len(provs) >= min(dep.policy.min_distinct_providers, total)
-        assert len(regions) >= min(dep.policy.min_distinct_regions, total)
-    missing = sum(d.target_replicas for d in inp.deployments) - sum(
-        a.replicas for a in result.assignments
-    )
-    assert missing == sum(u.replicas for u in result.unplaced)
-
-
 @SETTINGS
 @given(pools(), deployments())
 def test_constraints_hold_and_no_pool_is_overcommitted(ps, ds):
     inp = make_input(ps, ds)
-    check_invariants(inp, place(inp))
+    check_rules(inp, place(inp))
 
 
 @SETTINGS
@@ -134,7 +99,7 @@ def test_removing_a_cluster_moves_only_its_replicas(ps, ds, which):
         inp, clusters=tuple(c for c in inp.clusters if c is not gone), current=first.assignments
     )
     after = place(after_inp)
-    check_invariants(after_inp, after)
+    check_rules(after_inp, after)
     new = {(a.deployment, a.cluster, a.pool): a.replicas for a in after.assignments}
     short = {u.deployment for u in after.unplaced}  # capacity or spread did not allow
     for a in first.assignments:
@@ -153,5 +118,5 @@ def test_incremental_replan_keeps_invariants_and_touches_only_the_changed(ps, ds
     changed[k] = dataclasses.replace(changed[k], wanted_replicas=target)
     new_inp = dataclasses.replace(inp, deployments=tuple(changed))
     result = replan(first, new_inp)
-    check_invariants(dataclasses.replace(new_inp, current=first.assignments), result)
+    check_rules(dataclasses.replace(new_inp, current=first.assignments), result)
     assert replan(result, new_inp).changes == ()  # re-planning the same input is stable
