@@ -18,7 +18,6 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 PROVIDER_OF = {r.name: r.name.split(":")[0] for r in REGIONS}
-JURIS = {r.name: r.jurisdiction for r in REGIONS}
 
 
 @st.composite
