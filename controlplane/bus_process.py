@@ -7,7 +7,9 @@ A cluster nothing was ever placed on (desired generation 0) has no snapshot yet.
 too large for the server's max_payload is not sent (an event says so, once per episode) and
 never stops the others; a deleted cluster's key gets an empty snapshot so its agent stops.
 A KV entry ahead of the cluster's numbering (a generation the control plane never issued)
-makes it start a new epoch and republish (`controlplane.services.epochs`). With
+makes it start a new epoch and republish (`controlplane.services.epochs`). The gateways'
+routing table is rebuilt whenever what it is built from may have moved (`RoutesLoop`) and
+published at a new generation only when its content changed. With
 `GPUFLEET_BUS_METRICS_PORT` set it serves its Prometheus metrics (rejected reports among
 them) on that port's `/metrics`.
 """
@@ -19,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from datetime import datetime
 from wsgiref.simple_server import WSGIServer
@@ -38,16 +41,21 @@ from controlplane.bus.desired import (
     retire_desired,
     stored_clusters,
 )
-from controlplane.contracts import DesiredState, encode, utcnow
+from controlplane.bus.routes import RoutesPublisher, RoutesResult, RoutesTooLarge
+from controlplane.bus.streams import ensure_routes_bucket
+from controlplane.contracts import DesiredState, RoutingTable, encode, utcnow
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.liveness import CatchUp
+from controlplane.routes import RouteBook
 from controlplane.services import epochs, publication
+from controlplane.services import routes as routes_service
 from controlplane.services.clusters import record_bus_progress
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from controlplane.settings import Settings, get_settings
 from controlplane.trust import Bounds
+from gpufleet_logging import configure_logging
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -156,6 +164,111 @@ class SnapshotLoop:
             )
 
 
+class RoutesLoop:
+    """The routing table's side of the bus process: each `tick()` checks a cheap fingerprint
+    of what the table is built from and, when it moved (or every ``full_every_s``), builds
+    the table, numbers it (a new generation only if its content changed) and publishes it
+    when its version is not yet in the bucket; every ``full_every_s`` it re-asserts it (a
+    bucket entry overwritten by anyone else is then found, `claim_stored`). A failure
+    (PostgreSQL or NATS away) is logged and retried on the next tick."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        kv: KeyValue,
+        max_payload: int | None,
+        full_every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._factory, self._clock, self._full_every_s = factory, clock, full_every_s
+        self._publisher = RoutesPublisher(kv, max_payload)
+        self._fingerprint: tuple[object, ...] | None = None
+        self._built_at: float | None = None
+        self._published: tuple[int, int] | None = None
+        self._left_out: tuple[object, ...] = ()
+
+    async def tick(self) -> None:
+        try:
+            await self._tick()
+        except Exception:  # the next tick rebuilds from scratch
+            log.exception("publishing the routing table failed; retrying")
+            self._fingerprint = None
+
+    async def _tick(self) -> None:
+        now = self._clock()
+        fingerprint = await asyncio.to_thread(self._read_fingerprint)
+        due = self._built_at is None or now - self._built_at >= self._full_every_s
+        if fingerprint == self._fingerprint and not due:
+            return
+        if due:  # re-assert the table: a bucket overwritten meanwhile is found and corrected
+            self._published = None
+        numbered = await asyncio.to_thread(self._number)
+        self._fingerprint, self._built_at = fingerprint, now
+        self._report_left_out(numbered.book)
+        table = numbered.table
+        if self._published == table.version:
+            return
+        try:
+            result = await self._publisher.publish(table)
+        except RoutesTooLarge as exc:
+            log.error("%s", exc)
+            self._published = table.version  # retried when its content changes
+            return
+        if result.outcome == "published":
+            self._published = table.version
+            log.info(
+                "routing table at generation %d (epoch %d): %d deployment(s), %d plane route(s)",
+                table.generation,
+                table.epoch,
+                len(table.deployments),
+                sum(len(d.planes) for d in table.deployments),
+            )
+            return
+        await self._stale(table, result)
+
+    async def _stale(self, table: RoutingTable, result: RoutesResult) -> None:
+        stored = result.stored
+        if stored is not None and await asyncio.to_thread(
+            _write_returning, self._factory, lambda s: routes_service.claim_stored(s, stored)
+        ):
+            self._fingerprint = None  # a new epoch: number and publish on the next tick
+            return
+        self._published = table.version
+
+    def _read_fingerprint(self) -> tuple[object, ...]:
+        with self._factory() as session:
+            return routes_service.fingerprint(session)
+
+    def _number(self) -> routes_service.Numbered:
+        with transaction(self._factory) as session:
+            return routes_service.number_table(session, utcnow())
+
+    def _report_left_out(self, book: RouteBook) -> None:
+        left_out = (book.unreachable, book.outside)
+        if left_out == self._left_out:
+            return
+        self._left_out = left_out
+        for deployment, cluster in book.unreachable:
+            log.warning(
+                "cluster %s carries replicas of %s but has no endpoint: the gateways cannot "
+                "reach it (set the cluster's endpoint to its router's URL)",
+                cluster,
+                deployment,
+            )
+        for deployment, cluster in book.outside:
+            log.error(
+                "cluster %s carries replicas of %s outside its residency: left out of the "
+                "routing table",
+                cluster,
+                deployment,
+            )
+
+
+def _write_returning(factory: sessionmaker[Session], write: Callable[[Session], bool]) -> bool:
+    with transaction(factory) as session:
+        return write(session)
+
+
 def claim_if_ahead(
     factory: sessionmaker[Session], state: DesiredState, result: PublishResult
 ) -> bool:
@@ -236,6 +349,7 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, **auth)  # type: ignore[arg-type]
     js = nc.jetstream()
     kv = await ensure_bus(js)
+    routes_kv = await ensure_routes_bucket(js)
     factory = make_session_factory(make_engine(settings.database_url, pool_size=4))
     loop = asyncio.get_running_loop()
 
@@ -255,9 +369,11 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
         keep_progress(consumer, factory, settings.bus_progress_every_s, stop)
     )
     snapshots = SnapshotLoop(factory, kv, nc.max_payload)  # the server's, from its INFO
+    routes = RoutesLoop(factory, routes_kv, nc.max_payload)
     try:
         while not stop.is_set():
             await snapshots.tick()
+            await routes.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:
@@ -272,7 +388,7 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
 
 
 def main() -> int:
-    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    configure_logging("bus")
 
     async def _main() -> None:
         stop = asyncio.Event()

@@ -42,6 +42,18 @@ REPORTS_SUBJECTS = (
 
 CLUSTER_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
+ROUTES_BUCKET = "gpufleet_v1_routes"
+"""JetStream KV bucket holding the gateways' routing table: one snapshot under ROUTES_KEY."""
+ROUTES_STREAM = f"KV_{ROUTES_BUCKET}"
+ROUTES_KEY = "table"
+ROUTES_SUBJECT = f"$KV.{ROUTES_BUCKET}.{ROUTES_KEY}"
+PLANE_LOAD_SUBJECTS = f"{SUBJECT_PREFIX}.cluster.*.load"
+"""Core NATS (not JetStream: a lost load report is replaced by the next one a second later)."""
+MAX_ROUTES_BYTES = 4 * 1024 * 1024
+"""Largest routing table a gateway accepts (the bucket's max value size)."""
+MAX_PLANE_LOAD_BYTES = 256 * 1024
+"""Largest load report a gateway accepts; a bigger one is dropped and counted."""
+
 
 def desired_key(cluster: str) -> str:
     """KV key of a cluster's desired state."""
@@ -83,6 +95,20 @@ def cluster_inbox_prefix(cluster: str) -> str:
     """Inbox prefix a cluster's agent must connect with: replies and watch deliveries land
     under it, and only that cluster may subscribe there."""
     return f"_INBOX_{check_cluster_name(cluster)}"
+
+
+def plane_load_subject(cluster: str) -> str:
+    """Where a plane publishes its load (>= 1 Hz) for the gateways."""
+    return f"{cluster_subject_prefix(cluster)}.load"
+
+
+def gateway_user(gateway: str) -> str:
+    """The NATS user of one gateway (read-only: the routing table and plane load)."""
+    return f"gateway-{check_cluster_name(gateway)}"
+
+
+def gateway_inbox_prefix(gateway: str) -> str:
+    return f"_INBOX_gateway-{check_cluster_name(gateway)}"
 
 
 def check_cluster_name(name: str) -> str:
@@ -224,6 +250,24 @@ class InstanceDesired(Model):
     drain_deadline: datetime | None = None
 
 
+class TokenCounters(Model):
+    """What the plane's router has served for one deployment since it started (``since``
+    names that start: a new value means the counters began again from zero). Counters, not
+    increments, so that a lost or repeated heartbeat neither loses nor doubles a token.
+    Counts only: never a prompt or a completion."""
+
+    since: str = Field(max_length=64)
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    response_bytes: int = Field(default=0, ge=0)
+    cross_region_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="of those, bytes of answers a gateway sent to a client in "
+        "another region (added within v1)",
+    )
+
+
 class DeploymentObserved(Model):
     name: str
     demand: int = Field(default=0, ge=0, description="replicas the autoscaler wants, even > max")
@@ -231,6 +275,9 @@ class DeploymentObserved(Model):
     queue_depth: int = Field(default=0, ge=0)
     tokens_per_second: float = Field(default=0.0, ge=0)
     utilisation: float = Field(default=0.0, ge=0)
+    usage: TokenCounters | None = Field(
+        default=None, description="the router's token and byte counters (added within v1)"
+    )
 
 
 class FreeCapacity(Model):
@@ -259,6 +306,94 @@ class NatsCredentials(Model):
 
     def connect_options(self) -> dict[str, str]:
         return {"user": self.user, "password": self.password, "inbox_prefix": self.inbox_prefix}
+
+
+# --- the global gateway: routing table (control plane -> gateways) and plane load ------------
+
+FailoverMode = Literal["active_active", "active_passive"]
+PlaneRole = Literal["active", "standby"]
+
+
+class PlaneRoute(Model):
+    """One plane that serves one deployment, as the gateways need to know it."""
+
+    cluster: ClusterName
+    endpoint: str = Field(description="the plane router's base URL, e.g. http://10.0.0.5:8200")
+    region: str
+    provider: str = ""
+    jurisdiction: str = Field(description="ISO 3166-1 alpha-2 of the plane's region")
+    latitude: float = Field(ge=-90, le=90)
+    longitude: float = Field(ge=-180, le=180)
+    role: PlaneRole = "active"
+    replicas: int = Field(default=0, ge=0, description="replicas placed there (desired)")
+    revision_weights: dict[str, float] = Field(
+        default_factory=dict, description="revision -> share of this plane's traffic; empty: all"
+    )
+
+
+class DeploymentRoute(Model):
+    """Where one deployment (the OpenAI ``model`` name) may be served."""
+
+    name: str
+    failover: FailoverMode = "active_active"
+    hold_down_seconds: float = Field(
+        default=30.0, ge=0, description="active_passive: primary healthy this long before return"
+    )
+    jurisdictions: list[str] = Field(
+        default_factory=list, description="the deployment's residency; empty: anywhere"
+    )
+    planes: list[PlaneRoute] = Field(default_factory=list)
+
+
+class RegionPoint(Model):
+    """A region's place on the map: what ``x-gpufleet-client-region`` and a gateway's own
+    ``--region`` name, turned into a latitude/longitude for the latency model."""
+
+    name: str
+    latitude: float = Field(ge=-90, le=90)
+    longitude: float = Field(ge=-180, le=180)
+    jurisdiction: str = ""
+
+
+class RoutingTable(Model):
+    """Control plane -> every gateway: one snapshot, newest ``(epoch, generation)`` wins
+    (the same level-based rule as DesiredState)."""
+
+    type: Literal["routing_table"] = "routing_table"
+    schema_version: int = SCHEMA_VERSION
+    source: Literal["controlplane"] = "controlplane"
+    id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    time: datetime = Field(default_factory=utcnow)
+    generation: int = Field(ge=1)
+    epoch: int = Field(default=0, ge=0)
+    deployments: list[DeploymentRoute] = Field(default_factory=list)
+    regions: list[RegionPoint] = Field(
+        default_factory=list, description="every region of the fleet (client/gateway regions)"
+    )
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.epoch, self.generation)
+
+
+class DeploymentLoad(Model):
+    """One deployment's load on one plane, as its router sees it now."""
+
+    name: str
+    ready_replicas: int = Field(default=0, ge=0)
+    starting_replicas: int = Field(default=0, ge=0)
+    in_flight: int = Field(default=0, ge=0)
+    queue_depth: int = Field(default=0, ge=0)
+    capacity: int = Field(
+        default=0, ge=0, description="requests it can run at once (ready replicas x concurrency)"
+    )
+    ttft_seconds: float | None = Field(default=None, ge=0, description="recent median TTFT")
+    service_rate: float = Field(
+        default=0.0, ge=0, description="requests completed per second, recent window"
+    )
+
+
+# Plane load is an Envelope (source "cluster/<name>") defined after it below.
 
 
 # --- messages -----------------------------------------------------------------------------
@@ -363,6 +498,15 @@ class DeploymentKept(Envelope):
     reason: str = ""
 
 
+class PlaneLoad(Envelope):
+    """Plane -> gateways, >= 1 Hz on ``plane_load_subject(cluster)`` (core NATS)."""
+
+    type: Literal["plane_load"] = "plane_load"
+    sequence: int = Field(default=0, ge=0, description="increases by one per report")
+    interval_seconds: float = Field(default=1.0, gt=0, description="the publisher's period")
+    deployments: list[DeploymentLoad] = Field(default_factory=list)
+
+
 Fact = Annotated[
     ReplicaStarted
     | ReplicaFailed
@@ -458,3 +602,27 @@ def decode_desired(data: bytes) -> DesiredState:
 
 def encode(message: Envelope) -> bytes:
     return message.model_dump_json().encode()
+
+
+def _decode_bounded(data: bytes, limit: int, model: type[BaseModel]) -> BaseModel:
+    if len(data) > limit:
+        raise RejectedMessageError("oversized", f"{len(data)} bytes is over the {limit}-byte limit")
+    raw = _check_version(data)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise RejectedMessageError("invalid", _describe(exc)) from exc
+
+
+def decode_routing_table(data: bytes) -> RoutingTable:
+    """Parse the gateways' routing table, or raise RejectedMessageError."""
+    table = _decode_bounded(data, MAX_ROUTES_BYTES, RoutingTable)
+    assert isinstance(table, RoutingTable)
+    return table
+
+
+def decode_plane_load(data: bytes) -> PlaneLoad:
+    """Parse a plane's load report, or raise RejectedMessageError."""
+    load = _decode_bounded(data, MAX_PLANE_LOAD_BYTES, PlaneLoad)
+    assert isinstance(load, PlaneLoad)
+    return load

@@ -10,7 +10,13 @@ import secrets
 
 import bcrypt
 
-from controlplane.contracts import NatsCredentials, cluster_inbox_prefix, cluster_user
+from controlplane.contracts import (
+    NatsCredentials,
+    cluster_inbox_prefix,
+    cluster_user,
+    gateway_inbox_prefix,
+    gateway_user,
+)
 
 CONTROLPLANE_USER = "controlplane"
 
@@ -26,6 +32,15 @@ def generate_cluster_credentials(cluster: str) -> NatsCredentials:
         user=cluster_user(cluster),
         password=generate_password(),
         inbox_prefix=cluster_inbox_prefix(cluster),
+    )
+
+
+def generate_gateway_credentials(gateway: str) -> NatsCredentials:
+    """New read-only credentials for a gateway (`controlplane.bus.gateway_permissions`)."""
+    return NatsCredentials(
+        user=gateway_user(gateway),
+        password=generate_password(),
+        inbox_prefix=gateway_inbox_prefix(gateway),
     )
 
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewayEndpoint(BaseModel):
+    """Where a global gateway answers and the region it stands in (for the dashboard's map)."""
+
+    url: str
+    region: str
 
 
 class Settings(BaseSettings):
@@ -32,6 +39,20 @@ class Settings(BaseSettings):
     router_base_port: int = Field(
         default=8100,
         description="`up` serves demo cluster i's OpenAI-compatible router on base + i",
+    )
+    router_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="cluster name → its router's base URL, for the dashboard's playground when "
+        "the cluster has no `endpoint` (JSON; `gpufleet up` sets it for the demo clusters)",
+    )
+    gateway_base_port: int | None = Field(
+        default=None,
+        description="`up` serves demo gateway i on base + i (none: the routers' base + 10)",
+    )
+    gateway_urls: dict[str, GatewayEndpoint] = Field(
+        default_factory=dict,
+        description="gateway name → {url, region}, for the dashboard's map of where traffic "
+        "goes (JSON; `gpufleet up` sets it for the demo gateways)",
     )
     nats_port: int = 4223
     bus_metrics_port: int | None = Field(
@@ -85,18 +106,75 @@ class Settings(BaseSettings):
     spend_guard_fleet_cost: float = Field(
         default=1000.0, ge=0, description="$/h reported demand may add fleet-wide per window"
     )
+    cost_accrue_every_s: float = Field(
+        default=60.0, gt=0, description="the worker adds to the cost ledger this often"
+    )
+    cost_accrual_max_gap_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="an accrual after a longer silence (the worker was down) charges only its "
+        "last this many seconds, at the fleet as it stands, and logs what it left out",
+    )
+    cost_ledger_retention_days: int = Field(
+        default=400, ge=1, description="cost ledger and token usage rows older than this go"
+    )
+    cost_window_max_days: int = Field(
+        default=400, ge=1, description="the longest window `GET /costs` answers for"
+    )
+    cost_egress_dollars_per_gb: float = Field(
+        default=0.0,
+        ge=0,
+        description="TCO: data transfer, per GB the planes' routers served (0: not counted)",
+    )
+    cost_storage_dollars_per_month: float = Field(
+        default=0.0, ge=0, description="TCO: storage (weights, images, logs) per month"
+    )
+    cost_engineering_dollars_per_month: float = Field(
+        default=0.0, ge=0, description="TCO: the engineering line (people, support) per month"
+    )
 
     load_demo_fleet: bool = True
-    agent_metrics_base_port: int = Field(
-        default=0,
+    metrics_base_port: int | None = Field(
+        default=None,
         ge=0,
-        description="`up` serves demo cluster i's agent metrics on 127.0.0.1:base + i/metrics "
-        "(0: not served; the routers' /metrics serve the data path's)",
+        description="`up` serves the bus process's /metrics on base, the Celery worker's on "
+        "base + 1 and demo cluster i's agent's on base + 10 + i (none: the routers' base + 20; "
+        "0: none of them)",
+    )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        description="The Celery worker serves /metrics on this port (none: off; `up` sets it)",
     )
     up_status_every_s: float = Field(
         default=15.0,
         gt=0,
         description="`up` prints its status line and refreshes the NATS users this often",
+    )
+
+    # The export of events and audit entries to a webhook (docs/logging.md)
+    events_webhook_url: str = Field(
+        default="",
+        description="POST new events and audit entries here as Alertmanager webhook payloads "
+        "(empty: no export)",
+    )
+    events_webhook_token: SecretStr | None = Field(
+        default=None, description="Sent as 'Authorization: Bearer …'; never logged"
+    )
+    events_webhook_every_s: float = Field(
+        default=5.0, gt=0, description="How often the worker sends what is new"
+    )
+    events_webhook_max_alerts: int = Field(
+        default=100, ge=1, le=10_000, description="Alerts in one payload at most"
+    )
+    events_webhook_max_bytes: int = Field(
+        default=256 * 1024, ge=16 * 1024, description="Bytes of one payload at most"
+    )
+    events_webhook_timeout_s: float = Field(default=10.0, gt=0)
+    events_webhook_max_rejections: int = Field(
+        default=5,
+        ge=1,
+        description="A batch the receiver refuses (4xx other than 408/429) this many times is "
+        "dead-lettered: skipped, counted, its row ids logged",
     )
 
 

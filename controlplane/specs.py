@@ -375,6 +375,59 @@ class PlacementSpec(Spec):
         return sorted(set(v))
 
 
+class FailoverMode(StrEnum):
+    active_active = "active_active"
+    active_passive = "active_passive"
+
+
+MAX_STANDBY_REPLICAS = 64
+MAX_HOLD_DOWN_SECONDS = 86_400.0
+
+
+class FailoverSpec(Spec):
+    """How the gateways fail a deployment over between planes (docs/gateway.md).
+
+    ``active_active``: every plane that carries replicas serves. ``active_passive``:
+    ``standby_cluster`` keeps ``standby_replicas`` warm (placed and priced like any replica,
+    never scaled away) and gets traffic only when no active plane can serve; traffic moves
+    back once the primary has been healthy for ``hold_down_seconds``. Under
+    ``active_active`` the standby fields are kept but unused (switching modes is one field).
+    """
+
+    mode: FailoverMode = FailoverMode.active_active
+    standby_cluster: Name | None = Field(
+        default=None,
+        description="active_passive: the cluster that keeps the standby warm (kept, unused, "
+        "under active_active)",
+    )
+    standby_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_STANDBY_REPLICAS,
+        description="active_passive: replicas kept warm on the standby cluster",
+    )
+    hold_down_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=MAX_HOLD_DOWN_SECONDS,
+        description="active_passive: the primary is healthy this long before traffic returns",
+    )
+
+    @model_validator(mode="after")
+    def _standby_for_active_passive(self) -> Self:
+        if self.mode == FailoverMode.active_passive and self.standby_cluster is None:
+            raise ValueError(
+                "active_passive needs standby_cluster (the cluster that keeps the deployment "
+                "warm); name one or use mode: active_active"
+            )
+        return self
+
+    @property
+    def standby(self) -> str | None:
+        """The standby cluster when the mode is active_passive, else None."""
+        return self.standby_cluster if self.mode == FailoverMode.active_passive else None
+
+
 class DeploymentSpec(Spec):
     name: Name
     model_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
@@ -398,6 +451,7 @@ class DeploymentSpec(Spec):
         max_length=MAX_NAMES,
         description="Where requests come from: region name → weight.",
     )
+    failover: FailoverSpec = Field(default_factory=FailoverSpec)
 
     @field_validator("engine_args")
     @classmethod
@@ -437,3 +491,24 @@ class TokenSpec(Spec):
     role: Role
     description: str | None = Field(default=None, max_length=255)
     expires_at: datetime | None = None
+
+
+class ApiPriceSpec(Spec):
+    """A public API's price for a model (e.g. a hosted Llama or a closed model of the same
+    class), per million tokens: what each deployment of `model_id` is set against in
+    `GET /costs` ($/Mtok and the break-even volume)."""
+
+    name: Name
+    model_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = Field(
+        description="the deployments' `model_id` this price is compared with"
+    )
+    input_price_per_mtok: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
+    output_price_per_mtok: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
+    source: Annotated[str, _text()] | None = Field(
+        default=None, description="where the price comes from (provider, model, date)"
+    )
+
+    @field_validator("input_price_per_mtok", "output_price_per_mtok")
+    @classmethod
+    def _exact(cls, v: Decimal) -> Decimal:
+        return v.quantize(Decimal("0.000001"))  # NUMERIC(14, 6), as a pool's price

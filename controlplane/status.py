@@ -83,6 +83,10 @@ class PoolCapacity(Status):
         default_factory=dict, description="per deployment: replicas that cannot start there"
     )
     reported_at: datetime
+    plan: tuple[int, int] | None = Field(
+        default=None,
+        description="(epoch, generation) of the desired state the waiting replicas are of",
+    )
 
 
 class ClusterStatus(Status):
@@ -119,6 +123,12 @@ class PlacementStatus(Status):
     cost_per_hour: str = "0.000000"
     assignments: list[AssignmentView] = Field(default_factory=list)
     unplaced: list[UnplacedView] = Field(default_factory=list)
+    standby_replicas: int = Field(
+        default=0, description="failover active_passive: replicas kept warm on the standby"
+    )
+    standby: list[AssignmentView] = Field(
+        default_factory=list, description="where the standby replicas are (not in assignments)"
+    )
 
 
 class ProcurementNote(Status):

@@ -9,12 +9,15 @@ Tasks are thin: they open a transaction, call a service, and trigger follow-ups.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
-from celery import Celery, signals
+from celery import Celery, Task, signals
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.liveness import Breaker
@@ -22,15 +25,20 @@ from controlplane.procurement import tasks as procurement
 from controlplane.procurement.adapters import ProviderCache
 from controlplane.procurement.core import Action
 from controlplane.procurement.tasks import Deps
+from controlplane.services import costs
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.settings import Settings, get_settings
 from controlplane.spend import SpendLimits
+from controlplane.webhook import tasks as webhook
+from gpufleet_logging import clean_request_id, configure_logging, current_request_id
+from gpufleet_logging.context import bind_request_id, unbind_request_id
 
 log = logging.getLogger("gpufleet.tasks")
 
 REPLAN = "gpufleet.replan"
 CHECK_CLUSTERS = "gpufleet.check_clusters"
+ACCRUE_COSTS = "gpufleet.accrue_costs"
 
 
 def _broker() -> str:
@@ -49,6 +57,11 @@ celery_app.conf.update(
         "reconcile-instances": {"task": procurement.RECONCILE_INSTANCES, "schedule": 30.0},
         "refresh-offers": {"task": procurement.REFRESH_OFFERS, "schedule": 300.0},
         "replan": {"task": REPLAN, "schedule": 30.0, "kwargs": {"reason": "timer"}},
+        "accrue-costs": {"task": ACCRUE_COSTS, "schedule": get_settings().cost_accrue_every_s},
+        "export-webhook": {
+            "task": webhook.EXPORT_WEBHOOK,
+            "schedule": get_settings().events_webhook_every_s,
+        },
     },
 )
 
@@ -59,10 +72,103 @@ celery_app.conf.update(
 PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
-@signals.after_setup_logger.connect
-def _log_changes_not_runs(**_: object) -> None:
+@signals.setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: object) -> None:
+    """The worker's and beat's logging is ours (a receiver here stops Celery's own): JSON
+    lines with the task's request id; `--loglevel` is the default, GPUFLEET_LOG_LEVEL wins."""
+    default = logging.getLevelName(loglevel) if isinstance(loglevel, int) else loglevel
+    configure_logging("beat" if "beat" in sys.argv else "worker", default_level=default or "INFO")
     for name in PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+# The request id travels with each task sent while one is bound (an API request, or a task
+# sending follow-ups) as a message header, and is bound again while the task runs.
+REQUEST_ID_HEADER = "gpufleet_request_id"
+
+
+@signals.before_task_publish.connect
+def _carry_request_id(headers: dict[str, object] | None = None, **_: object) -> None:
+    rid = current_request_id()
+    if rid and headers is not None:
+        headers.setdefault(REQUEST_ID_HEADER, rid)
+
+
+@signals.task_prerun.connect
+def _bind_request_id(task: Task, **_: object) -> None:
+    raw = task.request.get(REQUEST_ID_HEADER)  # custom headers land on the task's context
+    rid = clean_request_id(raw) if isinstance(raw, str) else None
+    task.request.gpufleet_bound = bind_request_id(rid)  # (the context is this run's own)
+
+
+@signals.task_postrun.connect
+def _unbind_request_id(task: Task, **_: object) -> None:
+    token = task.request.get("gpufleet_bound")
+    if token is not None:
+        unbind_request_id(token)
+
+
+TASK_RUNS = Counter(
+    "gpufleet_task_runs_total",
+    "Celery task runs this worker finished, by task and outcome (success, failure, retry)",
+    ["task", "outcome"],
+)
+TASK_SECONDS = Histogram(
+    "gpufleet_task_duration_seconds",
+    "How long each Celery task run took, by task",
+    ["task"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+REPLAN_UNPLACED = Gauge(
+    "gpufleet_replan_unplaced_replicas",
+    "Replicas the last re-plan on this worker found no room for (all deployments)",
+)
+REPLAN_COST = Gauge(
+    "gpufleet_replan_cost_dollars_per_hour",
+    "What the last re-plan on this worker placed costs per hour",
+)
+_started: dict[str, float] = {}
+
+
+@signals.task_prerun.connect
+def _task_started(task_id: str | None = None, **_: object) -> None:
+    if task_id:
+        _started[task_id] = time.perf_counter()
+
+
+@signals.task_postrun.connect
+def _task_finished(
+    task_id: str | None = None, task: object = None, state: str | None = None, **_: object
+) -> None:
+    began = _started.pop(task_id or "", None)
+    name = str(getattr(task, "name", "unknown"))
+    TASK_RUNS.labels(name, (state or "unknown").lower()).inc()
+    if began is not None:
+        TASK_SECONDS.labels(name).observe(time.perf_counter() - began)
+
+
+@signals.worker_ready.connect
+def _serve_metrics(**_: object) -> None:
+    """`GPUFLEET_WORKER_METRICS_PORT` set (`up` sets it): /metrics on 127.0.0.1 there. The
+    worker runs one process (`--pool=solo`), so its default registry is all of it."""
+    port = get_settings().worker_metrics_port
+    if port:
+        start_http_server(port, addr="127.0.0.1")
+        log.info("worker metrics on http://127.0.0.1:%d/metrics", port)
+
+
+def unplaced_replicas(summary: Mapping[str, object]) -> int:
+    """Replicas a re-plan's summary found no room for, over every deployment."""
+    deployments = summary.get("deployments")
+    if not isinstance(deployments, dict):
+        return 0
+    return sum(
+        int(u.get("replicas", 0))
+        for d in deployments.values()
+        if isinstance(d, dict)
+        for u in d.get("unplaced", ())
+        if isinstance(u, dict)
+    )
 
 
 def request_replan(reason: str, retry: bool | None = None) -> None:
@@ -86,6 +192,14 @@ def spend_limits(settings: Settings) -> SpendLimits:
     )
 
 
+def ledger_policy(settings: Settings) -> costs.LedgerPolicy:
+    """How the cost ledger is kept, from `GPUFLEET_COST_*`."""
+    return costs.LedgerPolicy(
+        max_gap=timedelta(seconds=settings.cost_accrual_max_gap_s),
+        retention=timedelta(days=settings.cost_ledger_retention_days),
+    )
+
+
 @dataclass(frozen=True)
 class Worker:
     """What the worker's tasks use from the outside world."""
@@ -104,6 +218,7 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
     """Register every control-plane task on `app`, each run with `worker()` (tests pass
     their own app and worker: a local or moto-backed provider, a manual clock)."""
     procurement.register(app, lambda: worker().procurement)
+    webhook.register(app, lambda: worker().procurement.factory, lambda: worker().settings)
 
     @app.task(name=CHECK_CLUSTERS, shared=False)
     def check_clusters() -> list[str]:
@@ -124,6 +239,16 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
             w.procurement.replan(f"cluster down: {', '.join(down)}")
         return down
 
+    @app.task(name=ACCRUE_COSTS, shared=False)
+    def accrue_costs() -> dict[str, object]:
+        """Add the time since the last accrual to the cost ledger (docs/cost.md)."""
+        w = worker()
+        with transaction(w.procurement.factory) as session:
+            done = costs.accrue(session, datetime.now(UTC), ledger_policy(w.settings))
+        for pool in done.warned:
+            log.warning("reservation %s: expiry warning (see its ReservationExpiring event)", pool)
+        return {"rows": done.rows, "cost": round(done.cost, 6), "warned": done.warned}
+
     @app.task(name=REPLAN, shared=False)
     def replan(reason: str = "timer") -> dict[str, object] | None:
         """Re-plan (one at a time: a Postgres advisory lock), write placements and an event,
@@ -139,6 +264,8 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         procurement.dispatch(done.actions, app.send_task)  # after the commit, see dispatch
         info = done.summary
         cost, actions = info["total_cost_per_hour"], len(done.actions)
+        REPLAN_COST.set(float(cost))
+        REPLAN_UNPLACED.set(unplaced_replicas(info))
         changed = bool(info["changes"]) or actions > 0  # a re-plan that moved nothing: DEBUG
         log.log(
             logging.INFO if changed else logging.DEBUG,

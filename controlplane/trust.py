@@ -46,6 +46,8 @@ class Bounds:
     demand_max: int = 1000
     in_flight_max: int = 100_000
     queue_depth_max: int = 100_000
+    usage_max: int = 1_000_000_000
+    """The most tokens (or response bytes) one report may add for one deployment."""
 
 
 @dataclass(frozen=True)

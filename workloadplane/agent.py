@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from controlplane.contracts import (
     CapacityExhausted,
@@ -69,6 +69,48 @@ from workloadplane.state import DesiredStateStore, should_apply
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
+
+RECONCILE_SECONDS = Histogram(
+    "gpufleet_agent_reconcile_duration_seconds",
+    "One reconcile pass: list the replicas, carry out the actions, acknowledge the generation",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+RECONCILE_FAILURES = Counter(
+    "gpufleet_agent_reconcile_failures_total", "Reconcile passes that raised (retried)"
+)
+REPLICAS = Gauge(
+    "gpufleet_agent_replicas",
+    "Replicas the agent's runtime lists, by deployment and state",
+    ["deployment", "state"],
+)
+HEARTBEAT_SENT = Gauge(
+    "gpufleet_agent_heartbeat_timestamp_seconds",
+    "When the agent last published a heartbeat (Unix time; its age: time() - this)",
+)
+APPLIED_GENERATION = Gauge(
+    "gpufleet_agent_applied_generation",
+    "The desired-state generation the agent last applied (the control plane's, per epoch)",
+)
+
+
+class _ReplicaCounts:
+    """``gpufleet_agent_replicas`` from each listing; a (deployment, state) that emptied is
+    removed, so a deleted deployment does not linger."""
+
+    def __init__(self) -> None:
+        self.shown: set[tuple[str, str]] = set()
+
+    def update(self, replicas: list[ReplicaStatus]) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for r in replicas:
+            counts[(r.deployment, r.state)] = counts.get((r.deployment, r.state), 0) + 1
+        for key in self.shown - counts.keys():
+            REPLICAS.remove(*key)
+        for key, n in counts.items():
+            REPLICAS.labels(*key).set(n)
+        self.shown = set(counts)
+
+
 Clock = Callable[[], datetime]
 
 
@@ -148,6 +190,7 @@ class Agent:
         self._wake = (changes or ReplicaChanges(router)).wake
         self._sync_task: asyncio.Task[None] | None = None
         self._unsynced = False
+        self._counts = _ReplicaCounts()
         if self.desired is not None:
             log.info("loaded desired generation %s from disk", self.desired.generation)
             self._wake.set()
@@ -198,6 +241,7 @@ class Agent:
             desired = self.desired
         async with self._act_lock:
             replicas = await self.runtime.list_replicas()
+            self._counts.update(replicas)
             transitions = self._transitions(replicas)
             effective = self._effective(desired) if desired is not None else None
             if self.router is not None:
@@ -211,6 +255,7 @@ class Agent:
                 await self._carry_out(actions)
         if desired is not None and desired.version > (self.applied_epoch, self.applied_generation):
             self.applied_epoch, self.applied_generation = desired.version
+            APPLIED_GENERATION.set(desired.generation)
             self._emit(
                 DesiredStateApplied(
                     cluster=self.cluster,
@@ -388,7 +433,11 @@ class Agent:
                 in_flight, queued = self.router.load(d.name) if self.router else (0, 0)
                 deployments.append(
                     DeploymentObserved(
-                        name=d.name, demand=demand, in_flight=in_flight, queue_depth=queued
+                        name=d.name,
+                        demand=demand,
+                        in_flight=in_flight,
+                        queue_depth=queued,
+                        usage=self.router.usage(d.name) if self.router else None,
                     )
                 )
         return ObservedState(
@@ -426,8 +475,10 @@ class Agent:
                     await self._wake.wait()
             self._wake.clear()
             try:
-                await self.reconcile_once()
+                with RECONCILE_SECONDS.time():
+                    await self.reconcile_once()
             except Exception:
+                RECONCILE_FAILURES.inc()
                 log.exception("reconcile pass failed; retrying")
             if self._unsynced:
                 self._schedule_sync()
@@ -436,7 +487,8 @@ class Agent:
         while True:
             if self.bus is not None:
                 try:
-                    await self.bus.publish_heartbeat(await self.observed_state())
+                    if await self.bus.publish_heartbeat(await self.observed_state()):
+                        HEARTBEAT_SENT.set_to_current_time()
                 except Exception:
                     log.exception("building heartbeat failed")
             await asyncio.sleep(interval)

@@ -17,14 +17,11 @@ import collections
 import contextlib
 import itertools
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
@@ -40,6 +37,7 @@ from controlplane.contracts import (
     fact_subject,
     observed_subject,
 )
+from workloadplane.natsconnect import connect_until_up, watch_key
 
 log = logging.getLogger(__name__)
 
@@ -120,26 +118,17 @@ class AgentBus:
         return len(self._outbox)
 
     async def _connect_loop(self) -> None:
-        options = self._credentials.connect_options() if self._credentials else {}
-        delay = 0.05
-        while self._nc is None:
-            try:
-                self._nc = await nats.connect(
-                    self._servers,
-                    name=f"gpufleet-agent-{self.cluster}",
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.2,
-                    connect_timeout=2,
-                    reconnected_cb=self._on_reconnected,
-                    disconnected_cb=self._on_disconnected,
-                    error_cb=self._on_error,
-                    **options,  # type: ignore[arg-type]
-                )
-            except Exception as exc:  # NATS down at start: keep serving from disk
-                log.warning("cannot reach NATS at %s (%s); retrying", self._servers, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        self._nc = await connect_until_up(
+            self._servers,
+            f"gpufleet-agent-{self.cluster}",
+            self._credentials,
+            why_waiting="serving from the snapshot on disk; retrying",
+            callbacks={
+                "reconnected_cb": self._on_reconnected,
+                "disconnected_cb": self._on_disconnected,
+                "error_cb": self._on_error,
+            },
+        )
         self._js = self._nc.jetstream(timeout=self._publish_timeout)
         self._connected.set()
         await self._subscribe_watch()
@@ -162,23 +151,9 @@ class AgentBus:
         if self._nc is None or self._js is None:
             return
         old, self._watch = self._watch, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
-        config = ConsumerConfig(
-            name=uuid.uuid4().hex,
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            num_replicas=1,
-        )
         try:
-            self._watch = await self._js.subscribe(
-                desired_subject(self.cluster),
-                stream=DESIRED_STREAM,
-                cb=self._on_watch,
-                config=config,
+            self._watch = await watch_key(
+                self._js, old, desired_subject(self.cluster), DESIRED_STREAM, self._on_watch
             )
         except Exception as exc:  # bucket missing or server busy: the resync loop retries
             log.warning("cannot watch desired state yet (%s); will retry", exc)

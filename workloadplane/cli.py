@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import gc
-import logging
-import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -23,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from gpufleet_logging import configure_logging
 
 if TYPE_CHECKING:
     from workloadplane.router.core import Router
@@ -102,7 +102,7 @@ def agent(
     from workloadplane.router.core import Router
     from workloadplane.router.remote import RemoteRouter
 
-    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    configure_logging("agent")
     if router_url is not None and router_port is not None:
         raise typer.BadParameter("give --router-url (its own process) or --router-port, not both")
     state = Path(state_dir or f".gpufleet/agent-{cluster}")
@@ -111,6 +111,9 @@ def agent(
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
+        from workloadplane.gpumetrics import register_nvml
+
+        register_nvml()  # the GPUs' utilisation and memory, where NVML is (docs/observability.md)
         start_http_server(metrics_port, addr="127.0.0.1")  # a thread; lives with the process
 
     async def main() -> None:
@@ -211,20 +214,112 @@ def router(
         envvar="GPUFLEET_ROUTER_MAX_BODY_BYTES",
         help="Largest request body; larger ones get 413 [16 MiB].",
     ),
+    cluster: str | None = typer.Option(
+        None,
+        help="Publish this plane's load for the gateways on NATS "
+        "(gpufleet.v1.cluster.NAME.load, every --load-interval seconds).",
+    ),
+    nats_url: str = typer.Option(
+        "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
+    ),
+    credentials_file: str | None = typer.Option(
+        None,
+        envvar="GPUFLEET_NATS_CREDENTIALS",
+        help="The cluster's NATS credentials (the agent's file).",
+    ),
+    load_interval: float = typer.Option(0.5, help="Seconds between load reports."),
 ) -> None:
     """Run the plane's router: gpufleet router --state-dir DIR --port P (the plane's data
     path, its own process), or on fixed replicas with --replica (benchmarks, demos)."""
     from workloadplane.router.core import RouterConfig
-    from workloadplane.router.server import run_plane, run_static
+    from workloadplane.router.server import LoadReports, run_plane, run_static
 
-    logging.basicConfig(level=os.environ.get("GPUFLEET_LOG_LEVEL", "INFO"))
+    configure_logging("router")
     config = RouterConfig(queue_max_wait_s=queue_max_wait, max_body_bytes=max_body_bytes)
+    reports = None
+    if cluster is not None:
+        from workloadplane.agent import load_credentials
+
+        creds = load_credentials(cluster, credentials_file)
+        reports = LoadReports(cluster, nats_url, creds, interval_s=load_interval)
     if state_dir is not None:
         if replica:
             raise typer.BadParameter("give --state-dir or --replica, not both")
-        run_plane(host, port, Path(state_dir), config)
+        run_plane(host, port, Path(state_dir), config, reports)
     else:
-        run_static(host, port, replica, concurrency, config)
+        run_static(host, port, replica, concurrency, config, reports)
+
+
+@app.command()
+def gateway(
+    name: str = typer.Option(..., help="This gateway's name (its NATS user is gateway-NAME)."),
+    region: str = typer.Option(
+        ..., help="The region it runs in (the client's, when no x-gpufleet-client-region)."
+    ),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8300),
+    state_dir: str | None = typer.Option(
+        None, envvar="GPUFLEET_GATEWAY_STATE_DIR", help="[.gpufleet/gateway-NAME]"
+    ),
+    nats_url: str = typer.Option(
+        "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
+    ),
+    credentials_file: str | None = typer.Option(
+        None,
+        envvar="GPUFLEET_NATS_CREDENTIALS",
+        help='The gateway\'s read-only NATS credentials, JSON {"user", "password"}.',
+    ),
+    api_keys_file: str | None = typer.Option(
+        None,
+        envvar="GPUFLEET_GATEWAY_API_KEYS",
+        help='JSON {"<key or sha256:HEX>": {"tier": 0-2, "jurisdictions": ["DE"]}}; '
+        "none: no authentication.",
+    ),
+    plane_api_key: str | None = typer.Option(
+        None, envvar="GPUFLEET_GATEWAY_PLANE_KEY", help="Bearer token for the planes' routers."
+    ),
+    max_body_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body [16 MiB]."),
+    zones_only: bool = typer.Option(
+        False,
+        "--zones-only",
+        help="Network latency from the time-zone model only, not the RTT measured to each "
+        "plane (every plane on one machine: make up, tests).",
+    ),
+) -> None:
+    """Run a global gateway: gpufleet gateway --name NAME --region REGION [--port P]."""
+    import json
+
+    from controlplane.contracts import NatsCredentials, gateway_inbox_prefix, gateway_user
+    from workloadplane.gateway.app import GatewayConfig, KeyGrant, hash_key
+    from workloadplane.gateway.server import GatewaySettings, run_gateway
+
+    configure_logging("gateway")
+    creds = None
+    if credentials_file:
+        data = json.loads(Path(credentials_file).read_text())
+        data.setdefault("user", gateway_user(name))
+        data.setdefault("inbox_prefix", gateway_inbox_prefix(name))
+        creds = NatsCredentials.model_validate(data)
+    keys: dict[str, KeyGrant] = {}
+    if api_keys_file:
+        for key, grant in json.loads(Path(api_keys_file).read_text()).items():
+            digest = key[7:] if key.startswith("sha256:") else hash_key(key)
+            jurisdictions = frozenset(j.upper() for j in grant.get("jurisdictions", []))
+            keys[digest] = KeyGrant(int(grant.get("tier", 1)), jurisdictions)
+    settings = GatewaySettings(
+        name=name,
+        region=region,
+        host=host,
+        port=port,
+        state_dir=Path(state_dir or f".gpufleet/gateway-{name}"),
+        nats_url=nats_url,
+        credentials=creds,
+        measured_rtt=not zones_only,
+    )
+    config = GatewayConfig(
+        api_keys=keys, plane_api_key=plane_api_key, max_body_bytes=max_body_bytes
+    )
+    run_gateway(settings, config)
 
 
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -251,3 +346,87 @@ def router_main(argv: Sequence[str] | None = None) -> None:
 def _run_command(name: str, argv: Sequence[str] | None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     typer.main.get_command(app).main([name, *args], prog_name="gpufleet")
+
+
+@app.command()
+def loadtest(
+    deployment: str = typer.Argument(..., help="The deployment (its model name) to load."),
+    url: str = typer.Option(
+        "http://127.0.0.1:8110",
+        envvar="GPUFLEET_LOADTEST_URL",
+        help="An OpenAI-compatible endpoint: a global gateway (default: `up`'s first) or a "
+        "plane's router.",
+    ),
+    profile: str = typer.Option("steady", help="steady | diurnal | burst | abnormal"),
+    rate: float = typer.Option(
+        5.0, help="Requests a second (the peak of diurnal, the base of burst)."
+    ),
+    duration: float = typer.Option(30.0, help="Seconds of load."),
+    max_tokens: int = typer.Option(64, help="max_tokens of each request."),
+    stream_share: float = typer.Option(0.5, help="The share of requests that stream."),
+    api_key: str | None = typer.Option(
+        None, envvar="GPUFLEET_API_KEY", help="Bearer key, when the endpoint asks for one."
+    ),
+    timeout: float = typer.Option(60.0, help="Seconds one request may take."),
+    html: Path | None = typer.Option(None, help="Write the report with its charts here (HTML)."),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Write every request's outcome and the summary here (JSON)."
+    ),
+    allow_remote: bool = typer.Option(
+        False, help="Allow an endpoint that is not a loopback or private address."
+    ),
+) -> None:
+    """Drive synthetic OpenAI traffic at a deployment and report TTFT, latency, tokens/s and
+    errors by code (docs/loadtest.md). Exits 1 when a normal request failed or an abnormal
+    one got a 5xx."""
+    import json
+
+    from workloadplane.loadtest import report as rep
+    from workloadplane.loadtest.profiles import PROFILES, LoadTestError, Plan
+    from workloadplane.loadtest.runner import Progress, run, target
+
+    try:
+        if profile not in PROFILES:
+            raise LoadTestError(f"--profile must be one of {', '.join(PROFILES)}")
+        plan = Plan(profile, deployment, rate, duration, max_tokens, stream_share)  # type: ignore[arg-type]
+        plan.check()
+        host, port = target(url, allow_remote)
+    except LoadTestError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    headers = [(b"authorization", f"Bearer {api_key}".encode())] if api_key else []
+    live = sys.stderr.isatty()
+
+    def show(p: Progress) -> None:
+        done = min(1.0, p.elapsed_s / p.duration_s)
+        bar = "#" * int(done * 30)
+        line = (
+            f"[{bar:<30}] {min(p.elapsed_s, p.duration_s):5.1f}/{p.duration_s:g} s  "
+            f"sent {p.sent:,}  answered {p.done:,}  failed {p.failed:,}  in flight {p.in_flight}"
+        )
+        sys.stderr.write(("\r" + line) if live else (line + "\n"))
+        sys.stderr.flush()
+
+    title = f"gpufleet loadtest {deployment}: {profile}, {rate:g}/s for {duration:g} s at {url}"
+    every = 0.5 if live else 5.0
+    outcomes = asyncio.run(
+        run(plan, host, port, headers=headers, timeout_s=timeout, on_progress=show, every_s=every)
+    )
+    if live:
+        sys.stderr.write("\n")
+    summary = rep.summarise(outcomes, duration)
+    typer.echo(rep.render_text(summary, title))
+    if html is not None:
+        html.write_text(rep.render_html(summary, rep.per_second(outcomes, duration), title))
+        typer.echo(f"report with charts: {html}")
+    if json_out is not None:
+        asked = {"deployment": deployment, "url": url, "profile": profile, "rate": rate}
+        asked |= {"duration_s": duration, "max_tokens": max_tokens, "stream_share": stream_share}
+        document = {
+            "plan": asked,
+            "summary": dict(summary.__dict__) | {"passed": summary.passed},
+            "outcomes": [o.as_dict() for o in outcomes],
+        }
+        json_out.write_text(json.dumps(document, default=str, indent=1))
+        typer.echo(f"every request: {json_out}")
+    raise typer.Exit(0 if summary.passed else 1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,13 +16,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.auth import TokenVerifier
+from controlplane.api.costs import costs_router
+from controlplane.api.docs import docs_router
+from controlplane.api.fleetmetrics import FleetCollector
 from controlplane.api.inventory import inventory_routers
 from controlplane.api.limits import BodyLimitMiddleware
+from controlplane.api.metrics import ApiMetrics, MetricsMiddleware, metrics_router
 from controlplane.api.observed import observed_routers
 from controlplane.api.openapi import install as install_openapi
 from controlplane.api.parameters import reject_control_characters
 from controlplane.api.placement import placement_router
 from controlplane.api.schemas import HealthOut
+from controlplane.api.webhookmetrics import WebhookCollector
+from controlplane.dashboard.app import install as install_dashboard
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
 from controlplane.errors import (
     BadRequest,
@@ -38,6 +43,7 @@ from controlplane.services.health import database_answers
 from controlplane.services.inventory import Rendered
 from controlplane.services.validation import field_path, friendly
 from controlplane.settings import Settings
+from gpufleet_logging import clean_request_id, new_request_id, request_id_bound
 
 log = logging.getLogger("gpufleet.api")
 PROBLEM = "application/problem+json"
@@ -147,7 +153,11 @@ def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    # runs outermost (Starlette's error middleware), after the request id was unbound
+    rid = getattr(request.state, "request_id", None)
+    log.exception(
+        "unexpected error on %s %s", request.method, request.url.path, extra={"request_id": rid}
+    )
     problem = Problem(
         status=500,
         title="Internal error",
@@ -155,11 +165,14 @@ def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         type="https://gpufleet.dev/problems/internal",
         instance=str(request.url.path),
     )
-    return JSONResponse(problem.to_json(), status_code=500, media_type=PROBLEM)
+    headers = {"X-Request-Id": rid} if rid else None
+    return JSONResponse(problem.to_json(), status_code=500, media_type=PROBLEM, headers=headers)
 
 
 class RequestIdMiddleware:
-    """Pure ASGI: take X-Request-Id from the request (or make one) and echo it back."""
+    """Pure ASGI: take X-Request-Id from the request (cleaned; or make one), echo it back,
+    and bind it for the request, so that every line logged meanwhile and every Celery task
+    sent meanwhile carries it (`controlplane.tasks`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -169,7 +182,7 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"x-request-id")
-        rid = (given.decode("latin-1") if given else uuid.uuid4().hex)[:64]
+        rid = clean_request_id(given) or new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: Message) -> None:
@@ -177,7 +190,8 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        with request_id_bound(rid):
+            await self.app(scope, receive, send_with_id)
 
 
 def _health_router() -> APIRouter:
@@ -235,7 +249,7 @@ def create_app(
         title="gpufleet admin API",
         version="1",
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        docs_url=None,  # served below from local assets: no CDN
         redoc_url=None,
         lifespan=lifespan,
         dependencies=[Depends(reject_control_characters)],
@@ -250,6 +264,9 @@ def create_app(
     app.state.dispatch_procurement = dispatch_procurement or (lambda actions: None)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api_max_body_bytes)
     app.add_middleware(RequestIdMiddleware)
+    app.state.metrics = ApiMetrics(fleet=FleetCollector(app.state.read_session_factory))
+    app.state.metrics.fleet_registry.register(WebhookCollector(app.state.read_session_factory))
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts all
     app.add_exception_handler(
         ControlPlaneError,
         lambda request, exc: _problem_response(exc, request),  # type: ignore[arg-type]
@@ -260,11 +277,15 @@ def create_app(
     app.add_exception_handler(DBAPIError, _on_database_error)
     app.add_exception_handler(Exception, _on_unexpected)
     app.include_router(_health_router())
+    app.include_router(metrics_router(app.state.metrics))
+    app.include_router(docs_router())
     for router in [
         *inventory_routers(),
         *observed_routers(),
         placement_router(),
+        costs_router(),
         *(extra_routers or []),
     ]:
         app.include_router(router, prefix="/api/v1")  # one level: nested routers match slower
+    install_dashboard(app)
     return app

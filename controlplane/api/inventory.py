@@ -23,7 +23,7 @@ from controlplane.services.resources import KINDS, ResourceKind
 
 
 def _one(kind: ResourceKind, result: svc.WriteResult, status: int = 200) -> JSONResponse:
-    body = svc.to_json(kind, result.row)
+    body = svc.to_json(kind, result.row, result.spec)
     body.update(result.secrets or {})
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{result.row.generation}"'})
 

@@ -83,6 +83,11 @@ def _engine_change(
     }
 
 
+def engine_changes(body: Preview, world: svc.World) -> list[dict[str, Any]]:
+    """The engine's form of a preview's changes; InvalidSpec names an unknown object."""
+    return [_engine_change(i, c, world) for i, c in enumerate(body.changes)]
+
+
 def placement_router() -> APIRouter:
     router = APIRouter(prefix="/placement", tags=["placement"])
 
@@ -107,8 +112,7 @@ def placement_router() -> APIRouter:
     ) -> JSONResponse:
         with read_scope(request) as session:
             world = svc.load_world(session)
-            changes = [_engine_change(i, c, world) for i, c in enumerate(body.changes)]
-            return JSONResponse(what_if.preview(world, changes))
+            return JSONResponse(what_if.preview(world, engine_changes(body, world)))
 
     @router.post(
         "/replan",

@@ -265,3 +265,97 @@ class PreviewOut(Out):
     moves: list[ChangeOut]
     procurement: list[ProcurementOut]
     cost_delta_per_hour: str = Field(description="after minus before, per hour")
+
+
+# --- costs (GET /costs, docs/cost.md) ------------------------------------------------------
+
+
+class CostGroupOut(Out):
+    name: str = Field(description="the group's value; `(idle)`: held GPUs no placement uses")
+    cost: float = Field(description="dollars")
+    share: float = Field(description="of the window's total cost, 0–1")
+    held_gpu_hours: float = Field(description="GPU-hours paid for")
+    used_gpu_hours: float = Field(description="GPU-hours placement used")
+    idle_gpu_hours: float
+
+
+class CostDayOut(Out):
+    day: str = Field(description="UTC date")
+    costs: dict[str, float] = Field(description="group → dollars that day")
+
+
+class ReservationCostOut(Out):
+    pool: str
+    committed_gpus: int
+    price_per_gpu_hour: float
+    term_start: str | None
+    term_end: str | None
+    term_gpu_hours: float | None = Field(description="the whole term's commitment")
+    burned_gpu_hours: float | None = Field(description="committed GPU-hours of the term so far")
+    remaining_hours: float | None
+    paid_gpu_hours: float = Field(description="in the window, from the ledger")
+    used_gpu_hours: float
+    idle_gpu_hours: float
+    idle_fraction: float | None
+    idle_cost: float
+    expiry_warning_days: int | None = Field(description="30, 7 or 1 (under so many days); 0: ended")
+
+
+class ApiPriceComparisonOut(Out):
+    name: str
+    source: str
+    input_price_per_mtok: float
+    output_price_per_mtok: float
+    api_cost: float = Field(description="the window's tokens at this price")
+    saving: float = Field(description="api_cost minus the GPU cost (negative: the API is cheaper)")
+    break_even_tokens: int | None = Field(
+        description="tokens in the window at which the API would cost what the GPUs did"
+    )
+
+
+class TokenCostOut(Out):
+    deployment: str
+    model_id: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    dollars_per_mtok: float | None = Field(description="cost per million tokens (in + out)")
+    api_prices: list[ApiPriceComparisonOut]
+
+
+class TcoLineOut(Out):
+    name: str
+    cost: float
+    note: str
+
+
+class TcoOut(Out):
+    gpu: dict[str, float] = Field(description="purchase type → dollars")
+    lines: list[TcoLineOut]
+    total: float
+
+
+class RebalanceOut(Out):
+    """What the placement would save by moving work onto idle reservations (docs/cost.md)."""
+
+    saving_per_hour: float
+    on_demand_and_spot_per_hour_now: float
+    on_demand_and_spot_per_hour_fresh: float
+    reserved_idle_gpus_now: int
+    reserved_idle_gpus_fresh: int
+    moved_replicas: int
+    unplaced_replicas_now: int
+    unplaced_replicas_fresh: int
+
+
+class CostReportOut(Out):
+    from_: str = Field(alias="from")
+    to: str
+    group_by: str
+    total: CostGroupOut
+    groups: list[CostGroupOut]
+    daily: list[CostDayOut]
+    reservations: list[ReservationCostOut]
+    rebalance: RebalanceOut
+    tokens: list[TokenCostOut]
+    tco: TcoOut

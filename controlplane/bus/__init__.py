@@ -1,4 +1,4 @@
-"""The control plane's side of the NATS bus: desired state out, observed state and facts in."""
+"""The control plane's side of the NATS bus: desired state and the routing table out, observed state and facts in."""
 
 from controlplane.bus.consumer import (
     DURABLE_NAME,
@@ -9,13 +9,20 @@ from controlplane.bus.consumer import (
 from controlplane.bus.credentials import (
     NatsCredentials,
     cluster_permissions,
+    gateway_permissions,
     generate_cluster_credentials,
     generate_controlplane_credentials,
+    generate_gateway_credentials,
     render_server_config,
     write_server_config,
 )
 from controlplane.bus.desired import PublishResult, current_desired, publish_desired
-from controlplane.bus.streams import ensure_bus, ensure_desired_bucket, ensure_reports_stream
+from controlplane.bus.streams import (
+    ensure_bus,
+    ensure_desired_bucket,
+    ensure_reports_stream,
+    ensure_routes_bucket,
+)
 
 __all__ = [
     "DURABLE_NAME",
@@ -29,8 +36,11 @@ __all__ = [
     "ensure_bus",
     "ensure_desired_bucket",
     "ensure_reports_stream",
+    "ensure_routes_bucket",
+    "gateway_permissions",
     "generate_cluster_credentials",
     "generate_controlplane_credentials",
+    "generate_gateway_credentials",
     "publish_desired",
     "render_server_config",
     "write_server_config",

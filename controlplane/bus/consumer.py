@@ -17,7 +17,7 @@ from typing import Protocol
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 from controlplane.contracts import (
     REPORTS_STREAM,
@@ -47,6 +47,24 @@ RECEIVED = Counter(
 SINK_FAILURES = Counter(
     "gpufleet_bus_sink_failures_total",
     "Accepted messages the sink failed to record (they are redelivered)",
+)
+REDELIVERED = Counter(
+    "gpufleet_bus_redelivered_messages_total",
+    "Messages that arrived again (an earlier delivery was not acked in time, or was nak'd)",
+)
+REPORT_DELAY = Histogram(
+    "gpufleet_bus_report_delay_seconds",
+    "From a report's time (the plane's clock) to the control plane receiving it, by type",
+    ["type"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+PENDING = Gauge(
+    "gpufleet_bus_pending_messages",
+    "Reports in the stream not yet processed by the control plane (undelivered or unacked)",
+)
+STREAM_LAG = Gauge(
+    "gpufleet_bus_stream_lag_messages",
+    "The reports stream's last sequence minus the consumer's ack floor",
 )
 
 
@@ -97,6 +115,14 @@ class InMemorySink:
         if str(fact.id) not in self.seen_ids:
             self.seen_ids.add(str(fact.id))
             self.facts.append((cluster, fact))
+
+
+def _deliveries(msg: Msg) -> int:
+    """How many times the server delivered this message (1 the first time)."""
+    try:
+        return msg.metadata.num_delivered or 1
+    except Exception:  # not a JetStream message (a test publishing core NATS)
+        return 1
 
 
 def _reject(subject: str, reason: str, detail: str) -> None:
@@ -165,7 +191,10 @@ class ReportConsumer:
         last = stream.state.last_seq or 0
         pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
-        return StreamProgress(last, last if pending == 0 else (floor or 0), pending)
+        progress = StreamProgress(last, last if pending == 0 else (floor or 0), pending)
+        PENDING.set(progress.pending)
+        STREAM_LAG.set(progress.stream_last_seq - progress.ack_floor)
+        return progress
 
     async def handle(self, msg: Msg) -> None:
         """Validate one message, record it, ack it. Never raises."""
@@ -191,6 +220,11 @@ class ReportConsumer:
             await msg.term()
             return
         received_at = self._clock()
+        if _deliveries(msg) > 1:
+            REDELIVERED.inc()
+        else:  # a redelivery's delay says how late the retry was, not how slow the bus is
+            delay = (received_at - report.time).total_seconds()
+            REPORT_DELAY.labels(type=report.type).observe(max(delay, 0.0))
         try:
             if isinstance(report, ObservedState):
                 rejected = await self._sink.record_observed(cluster, report, received_at)

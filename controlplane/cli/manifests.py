@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from controlplane.services.validation import field_path, friendly
 from controlplane.specs import (
+    ApiPriceSpec,
     ClusterSpec,
     DeploymentSpec,
     GpuTypeSpec,
@@ -59,6 +60,12 @@ WRITABLE = (
     Kind("Cluster", "clusters", ("cluster",), ClusterSpec),
     Kind("Deployment", "deployments", ("deployment", "deploy", "deploys"), DeploymentSpec),
     Kind("Token", "tokens", ("token",), TokenSpec),
+    Kind(
+        "ApiPrice",
+        "api-prices",
+        ("api-price", "apiprice", "apiprices", "price", "prices"),
+        ApiPriceSpec,
+    ),
 )
 READ_ONLY = (
     Kind("Placement", "placements", ("placement",)),

@@ -87,6 +87,15 @@ def _min_max(o: Mapping[str, Any], v: View) -> str:
     return f"{scaling.get('min_replicas', '?')}–{scaling.get('max_replicas', '?')}"
 
 
+def _failover(o: Mapping[str, Any], v: View) -> str:
+    """``active_active``, or ``active_passive→<standby cluster> (n warm)``."""
+    failover = o.get("failover") or {}
+    if failover.get("mode") != "active_passive":
+        return "active_active"
+    warm = ((o.get("status") or {}).get("placement") or {}).get("standby_replicas", 0)
+    return f"active_passive→{failover.get('standby_cluster')} ({warm} warm)"
+
+
 def _heartbeat(o: Mapping[str, Any], v: View) -> str:
     return age((o.get("status") or {}).get("last_heartbeat_at"), v.now)
 
@@ -137,11 +146,17 @@ COLUMNS: dict[str, list[Column]] = {
         Column("JURISDICTIONS",
                lambda o, v: ",".join((o.get("placement") or {}).get("allowed_jurisdictions") or [])
                or "any", wide=True),
+        Column("FAILOVER", _failover, wide=True),
     ],
     "tokens": [
         Column("NAME", _f("name")), Column("ROLE", _f("role")), Column("PREFIX", _status("prefix")),
         Column("LAST USED", lambda o, v: age((o.get("status") or {}).get("last_used_at"), v.now)),
         Column("EXPIRES", _f("expires_at")), Column("DESCRIPTION", _f("description"), wide=True),
+    ],
+    "api-prices": [
+        Column("NAME", _f("name")), Column("MODEL", _f("model_id")),
+        Column("$/MTOK IN", _f("input_price_per_mtok")),
+        Column("$/MTOK OUT", _f("output_price_per_mtok")), Column("SOURCE", _f("source")),
     ],
     "placements": [
         Column("DEPLOYMENT", _ref("deployment_id")), Column("CLUSTER", _ref("cluster_id")),

@@ -1,6 +1,6 @@
 """Typed views of the rows' JSON columns, parsed here, once, at the database edge.
 
-A deployment's `autoscaling` and `placement` columns hold its specs (`controlplane.specs`),
+A deployment's `autoscaling`, `placement` and `failover` columns hold its specs (`controlplane.specs`),
 so a knob left unset has exactly one default: the spec's. A row's `status` is ours, one
 model per kind (`controlplane.status`); `set_status` checks each key against that model
 before it writes. Services read these models, never the raw dicts.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.db.models import Cluster, Deployment, Pool
-from controlplane.specs import AutoscalingSpec, PlacementSpec
+from controlplane.specs import AutoscalingSpec, FailoverSpec, PlacementSpec
 from controlplane.status import ClusterStatus, DeploymentStatus, PoolStatus, Status
 
 
@@ -26,6 +26,10 @@ def autoscaling_from(column: dict[str, Any] | None) -> AutoscalingSpec:
 
 def deployment_placement(row: Deployment) -> PlacementSpec:
     return PlacementSpec.model_validate(row.placement or {})
+
+
+def deployment_failover(row: Deployment) -> FailoverSpec:
+    return FailoverSpec.model_validate(row.failover or {})
 
 
 STATUS_MODELS: dict[type, type[Status]] = {

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -129,6 +130,7 @@ class Deployment(ManagedMixin, Base):
     placement: Mapped[dict[str, Any]] = mapped_column(default=dict)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     traffic: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    failover: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     revision: Mapped[int] = mapped_column(Integer, default=1)
     demand_replicas: Mapped[int] = mapped_column(Integer, default=0)
 
@@ -209,6 +211,11 @@ class Replica(Base):
     )
 
 
+# The id of the transaction that writes a row (64-bit, never wraps). Rows whose id is below
+# every running transaction's are all committed: a cursor on it misses no late commit.
+CURRENT_TXID = text("(pg_current_xact_id()::text)::bigint")
+
+
 class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_object", "object_kind", "object_id"),)
@@ -222,6 +229,8 @@ class Event(Base):
     object_name: Mapped[str | None] = mapped_column(String(128))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    txid: Mapped[int | None] = mapped_column(BigInteger, server_default=CURRENT_TXID, index=True)
+    """The writing transaction's id: the webhook export's cursor (controlplane/webhook/)."""
 
 
 class AuditEntry(Base):
@@ -236,6 +245,8 @@ class AuditEntry(Base):
     before: Mapped[dict[str, Any] | None] = mapped_column()
     after: Mapped[dict[str, Any] | None] = mapped_column()
     request_id: Mapped[str | None] = mapped_column(String(64))
+    txid: Mapped[int | None] = mapped_column(BigInteger, server_default=CURRENT_TXID, index=True)
+    """The writing transaction's id: the webhook export's cursor (controlplane/webhook/)."""
 
 
 class ApiToken(ManagedMixin, Base):
@@ -263,3 +274,116 @@ class BusProgress(Base):
     stream_last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     ack_floor: Mapped[int] = mapped_column(BigInteger, default=0)
     pending: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class RoutingState(Base):
+    """The gateways' routing table's numbering (one row): ``(epoch, generation)`` moves only
+    when the table's content (``digest``) changes, like a cluster's desired generation."""
+
+    __tablename__ = "routing_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    digest: Mapped[str] = mapped_column(String(64), default="")
+    updated_at: Mapped[datetime] = mapped_column(
+        server_default=func.now(), default=utcnow, onupdate=utcnow
+    )
+
+
+# --- cost (0007) ---------------------------------------------------------------------------
+
+GPU_HOURS = Numeric(20, 9)
+MONEY = Numeric(20, 9)
+
+
+class CostLedger(Base):
+    """GPU-hours held and used, and what they cost, per UTC hour per pool per (deployment,
+    cluster); deployment and cluster "" for what the pool holds that no placement uses.
+    Names, not ids: the ledger outlives what it names. Accrued by `services.costs.accrue`."""
+
+    __tablename__ = "cost_ledger"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    pool: Mapped[str] = mapped_column(String(63), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(63))
+    region: Mapped[str] = mapped_column(String(63))
+    gpu_type: Mapped[str] = mapped_column(String(63))
+    purchase_type: Mapped[str] = mapped_column(String(16))
+    price_per_gpu_hour: Mapped[Decimal] = mapped_column(PRICE)
+    held_gpu_hours: Mapped[Decimal] = mapped_column(GPU_HOURS)
+    used_gpu_hours: Mapped[Decimal] = mapped_column(GPU_HOURS)
+    cost: Mapped[Decimal] = mapped_column(MONEY)
+
+
+class CostAccrual(Base):
+    """How far the ledger has been accrued (one row); locked while an accrual runs, so two
+    workers never count one interval twice."""
+
+    __tablename__ = "cost_accrual"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
+    accrued_until: Mapped[datetime]
+
+
+class TokenUsage(Base):
+    """Tokens and response bytes the planes' routers served, per UTC hour per deployment
+    per cluster (from the counters in each heartbeat, `services.costs.record_usage`)."""
+
+    __tablename__ = "token_usage"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    response_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    cross_region_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class TokenCounter(Base):
+    """The last counters a cluster's router reported for a deployment (`since`: the router's
+    start), so the next report's increase is what is new."""
+
+    __tablename__ = "token_counters"
+
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(63), primary_key=True)
+    since: Mapped[str] = mapped_column(String(64))
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    response_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    cross_region_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(
+        server_default=func.now(), default=utcnow, onupdate=utcnow
+    )
+
+
+class ApiPrice(ManagedMixin, Base):
+    """A public API's price for a model, to set a deployment's $/Mtok against."""
+
+    __tablename__ = "api_prices"
+    model_id: Mapped[str] = mapped_column(String(255))
+    input_price_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    output_price_per_mtok: Mapped[Decimal] = mapped_column(PRICE)
+    source: Mapped[str | None] = mapped_column(String(255))
+
+
+class WebhookCursor(Base):
+    """How far the export of one stream (``event``, ``audit``) to the webhook has come, and
+    its delivery counts (the API's /metrics serves them)."""
+
+    __tablename__ = "webhook_cursors"
+
+    stream: Mapped[str] = mapped_column(String(16), primary_key=True)
+    txid: Mapped[int] = mapped_column(BigInteger)
+    row_id: Mapped[str] = mapped_column(String(36), default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Failed tries of the batch at the cursor; 0 after a delivery."""
+    next_attempt_at: Mapped[datetime | None]
+    delivered: Mapped[int] = mapped_column(BigInteger, default=0)
+    failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0)
+    dead_letters: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_error: Mapped[str | None] = mapped_column(String(255))

@@ -67,3 +67,21 @@ class Secrets:
         return {
             p.stem.removeprefix("cluster-"): p for p in sorted(self.root.glob("cluster-*.json"))
         }
+
+    def gateway(self, name: str) -> tuple[Path, Any]:
+        """A demo gateway's NATS credentials file and credentials (made on first use)."""
+        import secrets
+
+        from controlplane.contracts import NatsCredentials, gateway_inbox_prefix, gateway_user
+
+        path = self.root / f"gateway-{name}.json"
+        if not path.exists():
+            self._write(
+                path.name,
+                {
+                    "user": gateway_user(name),
+                    "password": secrets.token_urlsafe(32),
+                    "inbox_prefix": gateway_inbox_prefix(name),
+                },
+            )
+        return path, NatsCredentials.model_validate_json(path.read_text())

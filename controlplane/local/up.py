@@ -8,15 +8,24 @@ adding a component is one entry there. Ctrl-C stops everything in reverse order.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from controlplane.local import prometheus
+from controlplane.local.gateways import (
+    GATEWAYS,
+    DemoGateway,
+    gateway_base_port,
+    metrics_ports,
+)
 from controlplane.local.ports import port_is_free, wait_for_port
 from controlplane.local.postgres import EmbeddedPostgres, PostgresError
 from controlplane.local.secrets import Secrets, cluster_users
@@ -30,16 +39,30 @@ from controlplane.local.supervisor import (
 )
 from controlplane.settings import Settings
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from controlplane.services.fleet_view import ReplicaEndpoint
+
 FLEET = REPO / "infra" / "examples" / "fleet.yaml"
+API_PRICES = REPO / "infra" / "examples" / "api-prices.yaml"
+"""Public API prices to compare the demo deployments with (apart from fleet.yaml, which the
+Terraform example mirrors object for object)."""
 
 
-def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
+def processes(
+    settings: Settings,
+    agents: dict[str, Path],
+    gateways: Sequence[tuple[DemoGateway, Path]] = (),
+) -> list[Child]:
     """Every long-running process of the local fleet, in start order.
 
-    `agents`: cluster name → its NATS credentials file, for the demo clusters run here.
+    `agents`: cluster name → its NATS credentials file, for the demo clusters run here;
+    `gateways`: the demo gateways with their NATS credentials files.
     """
     py = sys.executable
     data = settings.data_dir.resolve()
+    metrics = metrics_ports(settings)
     children = [
         Child(
             "api",
@@ -54,10 +77,15 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--port",
                 str(settings.api_port),
                 "--no-access-log",
+                "--timeout-graceful-shutdown",  # open dashboard event streams end, not hang
+                "3",
                 "--workers",
                 str(settings.api_workers),
             ],
+            # every worker writes its metrics here, any worker's /metrics sums them
+            env={"PROMETHEUS_MULTIPROC_DIR": str(api_metrics_dir(data))},
             port=settings.api_port,
+            after_stop=lambda: reset_dir(api_metrics_dir(data)),
         ),
         Child(
             "worker",
@@ -73,6 +101,7 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 "--without-mingle",
                 "--loglevel=INFO",
             ],
+            env={"GPUFLEET_WORKER_METRICS_PORT": str(metrics.worker)} if metrics else {},
         ),
         Child(
             "beat",
@@ -88,13 +117,19 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                 str(data / "celerybeat-schedule"),
             ],
         ),
-        Child("bus", [py, "-m", "controlplane.cli", "bus"]),
+        Child(
+            "bus",
+            [py, "-m", "controlplane.cli", "bus"],
+            env={"GPUFLEET_BUS_METRICS_PORT": str(metrics.bus)} if metrics else {},
+        ),
     ]
     for i, (cluster, creds) in enumerate(sorted(agents.items())):
         state = data / "agents" / cluster
         router_port = settings.router_base_port + i
         # the plane's data path is a process of its own: an agent crash costs no request
         router_argv = ["router", "--state-dir", str(state), "--port", str(router_port)]
+        # it publishes the plane's load for the gateways, as the cluster's NATS user
+        router_argv += ["--cluster", cluster, "--credentials-file", str(creds)]
         children.append(
             Child(f"router-{cluster}", [py, "-m", "gpufleet_cli", *router_argv], port=router_port)
         )
@@ -120,16 +155,29 @@ def processes(settings: Settings, agents: dict[str, Path]) -> list[Child]:
                     py,
                     "--router-url",
                     f"http://127.0.0.1:{router_port}",
-                    *(
-                        ["--metrics-port", str(settings.agent_metrics_base_port + i)]
-                        if settings.agent_metrics_base_port
-                        else []
-                    ),
+                    *(["--metrics-port", str(metrics.agent(i))] if metrics else []),
                 ],
                 after_stop=lambda state=state: stop_recorded_replicas(state / "runtime"),
             )
         )
+    for i, (gw, creds) in enumerate(gateways):
+        port = gateway_base_port(settings) + i
+        argv = ["gateway", "--name", gw.name, "--region", gw.region, "--port", str(port)]
+        argv += ["--state-dir", str(data / "gateways" / gw.name), "--credentials-file", str(creds)]
+        argv += ["--zones-only"]  # every plane is on this machine: measured RTTs are all ~0
+        children.append(Child(f"gateway-{gw.name}", [py, "-m", "gpufleet_cli", *argv], port=port))
     return children
+
+
+def api_metrics_dir(data: Path) -> Path:
+    """Where the API's worker processes keep their Prometheus figures (multiprocess mode)."""
+    return data / "metrics" / "api"
+
+
+def reset_dir(path: Path) -> None:
+    """Empty ``path`` (create it if missing): a restarted API must not add its old figures."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def _reachable_by_nobody(path: Path) -> bool:
@@ -150,17 +198,38 @@ def postgres_root(data_dir: Path) -> Path:
     return Path("/var/tmp") / f"gpufleet-postgres-{digest}"  # noqa: S108 - owned dir, see init
 
 
+T = TypeVar("T")
+
+
+def read_database(database_url: str, read: Callable[[Session], T]) -> T:
+    """``read`` in a session of its own (one connection, closed after): `up`'s status
+    line and scrape targets ask the database now and then, not per request."""
+    from controlplane.db.session import make_engine, make_session_factory
+
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with make_session_factory(engine)() as session:
+            return read(session)
+    finally:
+        engine.dispose()
+
+
 def check_ports(wanted: dict[str, int]) -> None:
     busy = [f"{name} port {port}" for name, port in wanted.items() if not port_is_free(port)]
     if busy:
         raise UpError(
             f"{', '.join(busy)} already in use; free it or choose another port "
             "(GPUFLEET_API_PORT, GPUFLEET_POSTGRES_PORT, GPUFLEET_NATS_PORT, GPUFLEET_REDIS_PORT, "
-            "GPUFLEET_ROUTER_BASE_PORT: demo cluster i's router listens on base + i)"
+            "GPUFLEET_ROUTER_BASE_PORT: demo cluster i's router listens on base + i, "
+            "GPUFLEET_GATEWAY_BASE_PORT: gateway i on base + i, "
+            "GPUFLEET_METRICS_BASE_PORT: the bus's, the worker's and the agents' /metrics on "
+            "base, base + 1 and base + 10 + i; 0 turns them off)"
         )
 
 
-def load_fleet(database_url: str, fleet: Path, secrets: Secrets) -> int:
+def load_fleet(
+    database_url: str, fleet: Path, secrets: Secrets, router_base_port: int | None = None
+) -> int:
     import yaml
 
     from controlplane.db.session import make_engine, make_session_factory, transaction
@@ -168,6 +237,12 @@ def load_fleet(database_url: str, fleet: Path, secrets: Secrets) -> int:
     from controlplane.services.manifests import apply_manifests
 
     docs = [d for d in yaml.safe_load_all(fleet.read_text()) if d]
+    if router_base_port is not None:  # each demo cluster's endpoint: its router here
+        clusters = sorted(d["name"] for d in docs if d.get("kind") == "Cluster")
+        for d in docs:
+            if d.get("kind") == "Cluster":
+                port = router_base_port + clusters.index(d["name"])
+                d.setdefault("endpoint", f"http://127.0.0.1:{port}")
     engine = make_engine(database_url, pool_size=1)
     try:
         with transaction(make_session_factory(engine)) as session:
@@ -222,6 +297,14 @@ class Fleet:
         wanted |= {
             f"router {i}": s.router_base_port + i for i in range(len(self.secrets.clusters()))
         }
+        first_gateway = gateway_base_port(s)
+        wanted |= {f"gateway {i}": first_gateway + i for i in range(len(GATEWAYS))}
+        metrics = metrics_ports(s)
+        if metrics:
+            wanted |= {"bus metrics": metrics.bus, "worker metrics": metrics.worker}
+            wanted |= {
+                f"agent {i} metrics": metrics.agent(i) for i in range(len(self.secrets.clusters()))
+            }
         if not s.database_url:
             wanted["postgres"] = s.postgres_port
         if not s.redis_url:
@@ -265,6 +348,7 @@ class Fleet:
         text = render_server_config(
             controlplane=self.secrets.controlplane(),
             clusters=users,
+            gateways={g.name: self.secrets.gateway(g.name)[1] for g in GATEWAYS},
             store_dir=self.data_dir / "nats",
             port=self.settings.nats_port,
         )
@@ -316,7 +400,21 @@ class Fleet:
             ) from exc
 
     def start_processes(self) -> None:
-        self.children = processes(self.settings, self.secrets.clusters())
+        gateways = [(g, self.secrets.gateway(g.name)[0]) for g in GATEWAYS]
+        self.children = processes(self.settings, self.secrets.clusters(), gateways)
+        base = self.settings.router_base_port  # the dashboard's playground finds them here
+        urls = {
+            c: f"http://127.0.0.1:{base + i}" for i, c in enumerate(sorted(self.secrets.clusters()))
+        }
+        self.env["GPUFLEET_ROUTER_URLS"] = json.dumps(urls)
+        first_gateway = gateway_base_port(self.settings)  # the dashboard's map reads them
+        self.env["GPUFLEET_GATEWAY_URLS"] = json.dumps(
+            {
+                g.name: {"url": f"http://127.0.0.1:{first_gateway + i}", "region": g.region}
+                for i, g in enumerate(GATEWAYS)
+            }
+        )
+        reset_dir(api_metrics_dir(self.settings.data_dir.resolve()))
         for child in self.children:
             child.start(self.env, self.log_dir, time.monotonic())
         for child in self.children:
@@ -427,15 +525,23 @@ def run_up(
         fleet.start_servers()
         token = bootstrap(fleet.env["GPUFLEET_DATABASE_URL"])
         if token and settings.load_demo_fleet and FLEET.exists():
-            count = load_fleet(fleet.env["GPUFLEET_DATABASE_URL"], FLEET, fleet.secrets)
+            count = load_fleet(
+                fleet.env["GPUFLEET_DATABASE_URL"], FLEET, fleet.secrets, settings.router_base_port
+            )
+            if API_PRICES.exists():
+                count += load_fleet(fleet.env["GPUFLEET_DATABASE_URL"], API_PRICES, fleet.secrets)
             say(f"loaded the demo fleet: {count} objects from {FLEET.relative_to(REPO)}")
         fleet.start_nats()
         fleet.start_processes()
         routers = RouterModels(settings, fleet.env["GPUFLEET_DATABASE_URL"], fleet.secrets)
+        scrape = ScrapeTargets(settings, fleet.env["GPUFLEET_DATABASE_URL"], fleet.secrets)
+        scrape.ensure_token()
+        scrape.refresh()
         _announce(settings, token, say, data, routers.lines())
         every = settings.up_status_every_s
         jobs = [
             Periodic("reading which models the routers serve", routers.changes, every),
+            Periodic("writing the Prometheus targets", scrape.refresh, every),
             Periodic(
                 "refreshing the NATS users from the database", fleet.refresh_nats_users, every
             ),
@@ -480,15 +586,9 @@ class RouterModels:
         self.last: dict[str, list[str]] | None = None
 
     def read(self) -> dict[str, list[str]]:
-        from controlplane.db.session import make_engine, make_session_factory
         from controlplane.services.records import models_by_cluster
 
-        engine = make_engine(self.database_url, pool_size=1)
-        try:
-            with make_session_factory(engine)() as session:
-                return models_by_cluster(session)
-        finally:
-            engine.dispose()
+        return read_database(self.database_url, models_by_cluster)
 
     def lines(self, models: dict[str, list[str]] | None = None) -> list[str]:
         if models is None:
@@ -511,6 +611,101 @@ class RouterModels:
         return "\n".join(changed) or None
 
 
+class ScrapeTargets:
+    """The fleet's ``/metrics`` endpoints as Prometheus file_sd lists under
+    ``<data dir>/prometheus/`` (``controlplane/local/prometheus.py``), refreshed from the
+    database: a cluster's router is its ``endpoint`` (the demo clusters: `up`'s routers)."""
+
+    def __init__(self, settings: Settings, database_url: str, secrets: Secrets) -> None:
+        self.settings, self.database_url = settings, database_url
+        self.clusters = sorted(secrets.clusters())
+        self.directory = settings.data_dir.resolve() / "prometheus"
+
+    def ensure_token(self) -> None:
+        """A viewer token for Prometheus, made once and kept in ``token`` (0600). Delete the
+        file (and the token, `gpufleet delete token prometheus-…`) to get a new one."""
+        path = self.directory / prometheus.TOKEN_FILE
+        if path.exists():
+            return
+        from controlplane.db.session import make_engine, make_session_factory, transaction
+        from controlplane.services.tokens import create_scrape_token
+
+        engine = make_engine(self.database_url, pool_size=1)
+        try:
+            with transaction(make_session_factory(engine)) as session:
+                secret = create_scrape_token(session)
+        finally:
+            engine.dispose()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secret)
+
+    def routers(self) -> dict[str, str]:
+        from controlplane.services.fleet_view import router_urls
+
+        base = self.settings.router_base_port
+        demo = {c: f"http://127.0.0.1:{base + i}" for i, c in enumerate(self.clusters)}
+        return read_database(self.database_url, lambda session: router_urls(session, demo))
+
+    def replicas(self) -> list[ReplicaEndpoint]:
+        from controlplane.services.fleet_view import replica_endpoints
+
+        return read_database(self.database_url, replica_endpoints)
+
+    def jobs(
+        self, routers: dict[str, str], replicas: Sequence[ReplicaEndpoint] = ()
+    ) -> dict[str, list[prometheus.Target]]:
+        s = self.settings
+        host = "127.0.0.1" if s.api_host in ("0.0.0.0", "::") else s.api_host
+        first = gateway_base_port(s)
+        jobs: dict[str, list[prometheus.Target]] = {
+            "api": [prometheus.Target(f"{host}:{s.api_port}", {})],
+            "router": [
+                prometheus.Target(prometheus.address_of(url), {"cluster": c})
+                for c, url in routers.items()
+            ],
+            "gateway": [
+                prometheus.Target(f"127.0.0.1:{first + i}", {"gateway": g.name, "region": g.region})
+                for i, g in enumerate(GATEWAYS)
+            ],
+            "replica": [
+                prometheus.Target(
+                    prometheus.address_of(r.url),
+                    {"cluster": r.cluster, "deployment": r.deployment, "replica": r.replica},
+                )
+                for r in replicas
+            ],
+        }
+        metrics = metrics_ports(s)
+        if metrics:
+            jobs["bus"] = [prometheus.Target(f"127.0.0.1:{metrics.bus}", {})]
+            jobs["worker"] = [prometheus.Target(f"127.0.0.1:{metrics.worker}", {})]
+            jobs["agent"] = [
+                prometheus.Target(f"127.0.0.1:{metrics.agent(i)}", {"cluster": c})
+                for i, c in enumerate(self.clusters)
+            ]
+        return jobs
+
+    def refresh(self) -> str | None:
+        changed = prometheus.write(self.directory, self.jobs(self.routers(), self.replicas()))
+        return (
+            None
+            if not changed or changed == list(prometheus.JOBS)
+            else ("prometheus targets changed: " + ", ".join(changed))
+        )
+
+
+def gateway_lines(settings: Settings) -> list[str]:
+    """The fleet's front doors, said first: one OpenAI endpoint over every plane."""
+    first = gateway_base_port(settings)
+    return [
+        f"  gateway {g.name:<5} ({g.region}) OpenAI-compatible endpoint "
+        f"http://127.0.0.1:{first + i}/v1  (every model, nearest plane with headroom)"
+        for i, g in enumerate(GATEWAYS)
+    ]
+
+
 def router_line(cluster: str, port: int, models: list[str]) -> str:
     serves = (
         f"serves {', '.join(models)}"
@@ -529,10 +724,14 @@ def _announce(
 ) -> None:
     url = f"http://{settings.api_host}:{settings.api_port}"
     say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
+    for line in gateway_lines(settings):
+        say(line)
+    say(f"  dashboard  {url}/   (log in with an API token)")
     say(f"  API        {url}/api/v1   (docs: {url}/api/v1/docs)")
-    say("  dashboard  not built yet (see SCOPE.md)")
     for line in routers:
         say(line)
+    config = data / "prometheus" / "prometheus.yml"
+    say(f"  metrics    every process's /metrics: prometheus --config.file={config}")
     if token:
         say(f"  admin token (shown once, keep it): {token}")
         saved = _login_cli(url, token)

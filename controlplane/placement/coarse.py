@@ -1,4 +1,5 @@
-"""Quotas for many classes: the class LP on merged classes and merged pools.
+"""Quotas for many classes when the min-cost flow (network.py) is not available: the
+class LP on merged classes and merged pools (slower, 2-9 CPU s at 1,000+ classes).
 
 Above MAX_CLASSES classes the class x pool LP grows past the re-plan budget (300 classes
 x 2,000 pools: 100k columns, ~4 s). Here classes of one replica size and one set of

@@ -4,8 +4,9 @@
    moves nothing); surplus replicas and over-committed pools are trimmed, cheapest kept.
 2. quotas: a class-level LP (transport.py: divisibility cuts, spread caps, priority
    penalties) and a small MIP over the pools it split give whole-replica quotas per
-   (class, pool); above MAX_CLASSES classes the LP runs on merged classes x pool groups
-   (coarse.py) and its quotas are floor(x).
+   (class, pool); above MAX_CLASSES classes a min-cost flow in GPUs (network.py, LEMON's
+   network simplex) gives them instead, cut into whole replicas per pool; the LP on merged
+   classes x pool groups (coarse.py) only if that solver is missing or fails.
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.
@@ -22,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from controlplane.placement import coarse, transport
+from controlplane.placement import coarse, network, transport
 from controlplane.placement.constraints import Tables, compile_tables
 from controlplane.placement.flow import MAX_CLASSES, ClassFlow
 from controlplane.placement.incremental import replan_deployments
@@ -152,11 +153,14 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
         transport.Spread(t.pool_region, _spread_caps(plan, members, "regions")),
     )
     problem = transport.Problem(cost, sizes, demand, spot, rank, free, t.is_spot.copy(), spread)
-    if len(members) > MAX_CLASSES:  # merged classes x pool groups (coarse.py)
-        of, n_merged = coarse.merged_classes([_merge_key(t, ds[0]) for ds in members])
-        quotas = coarse.solve(problem, of, n_merged)
-        if quotas is None:
-            return
+    if len(members) > MAX_CLASSES:  # a min-cost flow in GPUs (network.py)
+        of = np.arange(len(members))
+        quotas = network.solve(problem, t.unit_cost, t.pool_region)
+        if quotas is None:  # no flow solver: merged classes x pool groups (coarse.py)
+            of, n_merged = coarse.merged_classes([_merge_key(t, ds[0]) for ds in members])
+            quotas = coarse.solve(problem, of, n_merged)
+            if quotas is None:
+                return
     else:
         of = np.arange(len(members))
         quotas = transport.solve(problem)

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
+from prometheus_client import Counter
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -63,11 +64,26 @@ class Deps:
     policy: Policy = field(default_factory=Policy)
 
 
+OUTCOMES = Counter(
+    "gpufleet_procurement_outcomes_total",
+    "Acquire and release runs by provider and outcome (ok, failed, throttled); `error` is "
+    "the provider error's class (none when ok)",
+    ["provider", "action", "outcome", "error"],
+)
+
+
 @dataclass
 class Outcome:
     acquired: list[str] = field(default_factory=list)  # provider instance ids recorded
     error: str | None = None  # the ProviderError class name that stopped the work
     retry: bool = False  # Throttled: run again later with the same request id
+    provider: str = ""  # the provider's name, for the metrics ("" when nothing was asked)
+
+    def count(self, action: str) -> None:
+        if not self.provider:
+            return
+        outcome = "throttled" if self.retry else "failed" if self.error else "ok"
+        OUTCOMES.labels(self.provider, action, outcome, self.error or "none").inc()
 
     def as_dict(self) -> dict[str, Any]:
         return {"acquired": self.acquired, "error": self.error, "retry": self.retry}
@@ -93,12 +109,14 @@ def acquire_run(
 
 
 def _launch(d: Deps, pool: Pool, todo: list[tuple[str, str]]) -> Outcome:
-    out = Outcome()
+    out = Outcome(provider=pool.provider.name)
     try:
         provider = d.providers(pool.provider)
         ref = pool_ref(pool)
     except ProviderError as exc:
-        return _failed(d, pool.id, [row for row, _ in todo], exc)
+        failed = _failed(d, pool.id, [row for row, _ in todo], exc)
+        failed.provider = out.provider
+        return failed
     for n, (row_id, key) in enumerate(todo):
         try:
             with store.key_lock(d.factory, key) as mine:
@@ -107,7 +125,7 @@ def _launch(d: Deps, pool: Pool, todo: list[tuple[str, str]]) -> Outcome:
                 made = provider.create_instances(ref, 1, key)
         except ProviderError as exc:
             failed = _failed(d, pool.id, [row for row, _ in todo[n:]], exc)
-            failed.acquired = out.acquired
+            failed.acquired, failed.provider = out.acquired, out.provider
             return failed
         with transaction(d.factory) as session:
             recorded = store.record_acquired(session, row_id, made)
@@ -146,10 +164,12 @@ def release_run(d: Deps, instance_id: str) -> Outcome:
     except ProviderError as exc:
         with transaction(d.factory) as session:
             store.record_release_error(session, instance_id, exc)
-        return Outcome(error=type(exc).__name__, retry=isinstance(exc, Throttled))
+        return Outcome(
+            error=type(exc).__name__, retry=isinstance(exc, Throttled), provider=pool.provider.name
+        )
     with transaction(d.factory) as session:
         store.record_released(session, instance_id, pid, pool)
-    return Outcome()
+    return Outcome(provider=pool.provider.name)
 
 
 def dispatch(actions: Iterable[Action], send: Callable[..., Any]) -> None:
@@ -273,6 +293,7 @@ def register(app: Celery, deps: Callable[[], Deps]) -> Tasks:
     a composition root may build them lazily, once)."""
 
     def finish(task: Any, out: Outcome) -> dict[str, Any]:
+        out.count("acquire" if task.name == ACQUIRE else "release")
         if out.retry:
             delay = retry_in_s(task.request.retries, random.random(), deps().policy)
             if delay is not None:

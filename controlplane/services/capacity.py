@@ -21,12 +21,17 @@ def reported_capacity(
     clusters: dict[str, m.Cluster],
 ) -> dict[str, dict[str, PoolCapacity]]:
     """Pool → cluster → what that plane last reported of the pool, for the planes that
-    report (heartbeats arrive); a down plane's old report does not count."""
+    report (heartbeats arrive); a down plane's old report does not count. Replicas reported
+    waiting against an older desired state than the cluster's current one are not counted:
+    the plane has not yet acted on the newer plan, which may already have moved them (counted
+    again, they would shrink the new plan's share there too — placement would flap)."""
     out: dict[str, dict[str, PoolCapacity]] = defaultdict(dict)
     for name, row in clusters.items():
         if row.state in REPORTING:
+            current = (row.desired_epoch, row.desired_generation)
             for pool, cap in cluster_status(row).capacity.items():
-                out[pool][name] = cap
+                stale = cap.plan is not None and cap.plan < current
+                out[pool][name] = cap.model_copy(update={"waiting_replicas": {}}) if stale else cap
     return out
 
 

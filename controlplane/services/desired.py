@@ -28,7 +28,7 @@ from controlplane.contracts import (
     RevisionSpec,
     ScheduleWindow,
 )
-from controlplane.db.columns import deployment_autoscaling
+from controlplane.db.columns import deployment_autoscaling, deployment_failover
 from controlplane.db.models import (
     AuditEntry,
     Cluster,
@@ -127,12 +127,14 @@ def withdraw_placements(
 
 def pool_is_empty(session: Session, pool: Pool) -> bool:
     """No GPUs declared and none held by procurement: nothing can run on it."""
+    if pool.gpus != 0:
+        return False  # no query: a pool that declares GPUs is never empty
     held = session.scalar(
         select(func.coalesce(func.sum(Instance.gpus), 0)).where(
             Instance.pool_id == pool.id, Instance.state.in_(ACTIVE)
         )
     )
-    return pool.gpus == 0 and not held
+    return not held
 
 
 def desired_state(session: Session, cluster: Cluster) -> DesiredState:
@@ -163,7 +165,10 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
         retired=retired_deployments(session),
         deployments=[
             _deployment_desired(
-                deployment, by_deployment.get(name, []), total_weight.get(name, 0)
+                deployment,
+                by_deployment.get(name, []),
+                total_weight.get(name, 0),
+                standby=deployment_failover(deployment).standby == cluster.name,
             ).model_copy(update={"hold_leaving": holds.get(name, 0)})
             for name, deployment in sorted(deployments.items())
             if name in by_deployment or holds.get(name, 0) > 0
@@ -308,8 +313,14 @@ def _total_replicas(session: Session, deployments: Iterable[Deployment]) -> dict
 
 
 def _deployment_desired(
-    deployment: Deployment, entries: list[tuple[Placement, str]], global_replicas: int
+    deployment: Deployment,
+    entries: list[tuple[Placement, str]],
+    global_replicas: int,
+    standby: bool = False,
 ) -> DeploymentDesired:
+    """``standby``: this cluster is the deployment's active_passive standby; its placement
+    holds min = max = standby_replicas, and it neither scales to zero nor follows the
+    schedule (it is kept warm at exactly that size)."""
     here = sum(p.replicas for p, _ in entries)
     share = here / global_replicas if global_replicas else 1.0
     auto = deployment_autoscaling(deployment)
@@ -339,9 +350,9 @@ def _deployment_desired(
             scale_down_delay_seconds=auto.scale_down_delay_seconds,
             target_concurrency=auto.target_concurrency,
             scale_to_zero_idle_seconds=(
-                auto.scale_to_zero_idle_seconds if auto.min_replicas == 0 else None
+                auto.scale_to_zero_idle_seconds if auto.min_replicas == 0 and not standby else None
             ),
-            schedule=_schedule(auto, share),
+            schedule=[] if standby else _schedule(auto, share),
         ),
     )
 

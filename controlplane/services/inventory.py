@@ -54,6 +54,8 @@ class WriteResult:
     changed: bool = False
     secrets: dict[str, Any] | None = None
     """Shown once in the create response (a token, a cluster's NATS credentials)."""
+    spec: dict[str, Any] | None = None
+    """The row's spec as JSON after the write (`spec_json`), rendered once by the write."""
 
 
 def parse_spec(kind: ResourceKind, body: Mapping[str, Any]) -> Spec:
@@ -74,9 +76,10 @@ def spec_json(kind: ResourceKind, row: Any) -> dict[str, Any]:
         return {k: v for k, v in to_jsonable_python(stored).items() if v is not None}
 
 
-def to_json(kind: ResourceKind, row: Any) -> dict[str, Any]:
+def to_json(kind: ResourceKind, row: Any, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The API's representation; `spec` is `spec_json(kind, row)` when the caller has it."""
     body: dict[str, Any] = {"kind": kind.kind, "id": row.id}
-    body.update(spec_json(kind, row))
+    body.update(spec_json(kind, row) if spec is None else spec)
     body["generation"] = row.generation
     body["created_at"] = row.created_at.isoformat()
     body["updated_at"] = row.updated_at.isoformat()
@@ -143,9 +146,15 @@ def _not_found(kind: ResourceKind, ref: str) -> NotFound:
     return NotFound(f"{kind.kind} '{ref}' does not exist; list them with GET /api/v1/{kind.path}")
 
 
-def get(session: Session, kind: ResourceKind, ref: str) -> Any:
+def get(session: Session, kind: ResourceKind, ref: str, *, for_update: bool = False) -> Any:
+    """The row named or identified by ``ref``. ``for_update``: lock it until the transaction
+    ends, so that two writes of one object run one after the other and the second sees the
+    first's generation (an If-Match of both would otherwise pass and one change be lost)."""
     column = kind.row.id if _is_uuid(ref) else kind.row.name
-    row = session.scalars(select(kind.row).where(column == ref)).first()
+    stmt = select(kind.row).where(column == ref)
+    if for_update:
+        stmt = stmt.with_for_update(of=kind.row)
+    row = session.scalars(stmt).first()
     if row is None:
         raise _not_found(kind, ref)
     return row
@@ -187,7 +196,7 @@ def create(session: Session, kind: ResourceKind, spec: Spec, actor: Actor) -> Wr
     session.flush()
     after = spec_json(kind, row)
     _audit(session, actor, "create", kind, row, before=None, after=after)
-    return WriteResult(row, created=True, changed=True, secrets=secrets)
+    return WriteResult(row, created=True, changed=True, secrets=secrets, spec=after)
 
 
 def replace(
@@ -200,7 +209,9 @@ def replace(
 ) -> WriteResult:
     if getattr(spec, "name") != name:  # noqa: B009
         raise InvalidSpec.on("name", f"must equal the name in the URL ('{name}')")
-    row = session.scalars(select(kind.row).where(kind.row.name == name)).first()
+    row = session.scalars(
+        select(kind.row).where(kind.row.name == name).with_for_update(of=kind.row)
+    ).first()
     if row is None:
         if expected_generation is not None:
             raise StaleGeneration(
@@ -218,9 +229,11 @@ def patch(
     actor: Actor,
     expected_generation: int | None = None,
 ) -> WriteResult:
-    row = get(session, kind, ref)
-    merged = merge_patch(spec_json(kind, row), changes)
-    return _update(session, kind, row, parse_spec(kind, merged), actor, expected_generation)
+    row = get(session, kind, ref, for_update=True)
+    _check_generation(kind, row, expected_generation)
+    before = spec_json(kind, row)
+    merged = merge_patch(before, changes)
+    return _update(session, kind, row, parse_spec(kind, merged), actor, None, before)
 
 
 def delete(
@@ -231,7 +244,7 @@ def delete(
     force: bool = False,
     expected_generation: int | None = None,
 ) -> None:
-    row = get(session, kind, ref)
+    row = get(session, kind, ref, for_update=True)
     _check_generation(kind, row, expected_generation)
     affected = kind.removing(session, row)  # before its placements and replicas go
     kind.check_delete(session, row, force)
@@ -285,20 +298,25 @@ def _update(
     spec: Spec,
     actor: Actor,
     expected_generation: int | None,
+    before: dict[str, Any] | None = None,
 ) -> WriteResult:
+    """`before` is `spec_json(kind, row)` when the caller has it. A change costs the row's
+    UPDATE and the audit INSERT (plus what `_on_change` needs): the representation after it
+    is the spec (load and apply are inverse, resources.py), not rendered from the row again."""
     _check_generation(kind, row, expected_generation)
-    before = spec_json(kind, row)
+    if before is None:
+        before = spec_json(kind, row)
     if getattr(spec, "name") != row.name:  # noqa: B009
         raise InvalidSpec.on("name", "cannot be changed; create a new object and delete this one")
     after = spec.model_dump(mode="json", exclude_none=True)
     if before == after:
-        return WriteResult(row)
+        return WriteResult(row, spec=before)
     kind.apply(session, row, spec)
     row.generation += 1
     _on_change(session, row, before, after)
     session.flush()
     _audit(session, actor, "update", kind, row, before=before, after=after)
-    return WriteResult(row, changed=True)
+    return WriteResult(row, changed=True, spec=after)
 
 
 def _check_generation(kind: ResourceKind, row: Any, expected: int | None) -> None:

@@ -14,7 +14,16 @@ from controlplane.errors import InvalidSpec
 from controlplane.services import inventory
 from controlplane.services.resources import KIND_BY_NAME
 
-APPLY_ORDER = ("provider", "gputype", "region", "pool", "cluster", "deployment", "token")
+APPLY_ORDER = (
+    "provider",
+    "gputype",
+    "region",
+    "pool",
+    "cluster",
+    "deployment",
+    "token",
+    "apiprice",
+)
 
 
 def kind_key(manifest: Mapping[str, Any]) -> str:

@@ -32,7 +32,7 @@ from controlplane.db.columns import cluster_status, deployment_autoscaling, set_
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
-from controlplane.services import epochs
+from controlplane.services import costs, epochs
 from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
 from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
@@ -117,6 +117,9 @@ class DbSink:
             epochs.note_applied(session, cluster, state.observed_epoch, state.observed_generation)
             reason = _revive(session, cluster)
             release_holds(session, _sync_replicas(session, cluster, state))
+            costs.record_usage(
+                session, cluster.name, state.deployments, received_at, self._bounds.usage_max
+            )
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
             return _record_capacity(session, cluster, state, received_at) or reason, rejected
@@ -280,22 +283,35 @@ def occurred_at(fact: Fact, received_at: datetime) -> datetime:
 def _record_capacity(
     session: Session, cluster: Cluster, state: ObservedState, received_at: datetime
 ) -> str | None:
-    """Keep what the plane reports of its pools (a report without a pool is the cluster's
-    only pool's); "capacity" when replicas newly wait for GPUs or a pool's size changed (so
-    placement looks again), with an event saying why."""
+    """Keep what the plane reports of its pools; "capacity" when replicas newly wait for GPUs
+    or a pool's size changed (so placement looks again), with an event saying why.
+
+    The plane's GPUs are one set shared by all its pools, and it reports only the pools its
+    desired state names (or none, when it was given nothing): a pool of the cluster it leaves
+    out can get no more than its free GPUs. Forgetting such a pool instead would count its
+    inventory again, place more there than the plane has, and flap (place, wait, withdraw,
+    forget). Waiting replicas are kept with the desired version they were counted against."""
     pools = sorted(p.name for p in cluster.pools)
     before = cluster_status(cluster).capacity
     now: dict[str, PoolCapacity] = {}
+    plan = (state.observed_epoch, state.observed_generation)
     for report in state.free_capacity:
-        pool = report.pool if report.pool is not None else (pools[0] if len(pools) == 1 else None)
-        if pool is None or pool not in pools:
-            continue  # not a pool of this cluster: nothing placement could use
-        now[pool] = PoolCapacity(
+        if report.pool is None or report.pool not in pools:
+            continue  # no pool, or not one of this cluster's: nothing placement could use
+        now[report.pool] = PoolCapacity(
             total_gpus=report.total_gpus,
             free_gpus=report.gpus,
             waiting_replicas={d: n for d, n in report.waiting_replicas.items() if n > 0},
             reported_at=received_at,
+            plan=plan,
         )
+    sized = [r.gpus for r in state.free_capacity if r.total_gpus is not None]
+    for pool in pools if sized else []:
+        if pool not in now:
+            free = min(sized)
+            now[pool] = PoolCapacity(
+                total_gpus=free, free_gpus=free, reported_at=received_at, plan=plan
+            )
     if not now and not before:
         return None
     set_status(cluster, capacity={k: v.model_dump(mode="json") for k, v in now.items()})

@@ -33,6 +33,14 @@ from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services import spend
 from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
 from controlplane.services.desired import bump_desired
+from controlplane.services.standby import (
+    Standby,
+    engine_current,
+    fold_standbys,
+    is_standby,
+    standbys_of,
+    with_standbys,
+)
 from controlplane.spend import SpendLimits
 
 LOCK_KEY = 0x6770_666C  # "gpfl": one re-plan at a time across every worker
@@ -58,11 +66,22 @@ class World:
     """The engine input plus the row ids needed to write the result back."""
 
     input: engine.PlacementInput
+    """`current` names a deployment's standby replicas as the engine sees them
+    (`<name>/standby`, see `controlplane.services.standby`)."""
     deployments: dict[str, m.Deployment] = field(default_factory=dict)
     clusters: dict[str, m.Cluster] = field(default_factory=dict)
     pools: dict[str, m.Pool] = field(default_factory=dict)
     placed: tuple[engine.Assignment, ...] = ()
     """The stored placement; `input.current` leaves out replicas that cannot start."""
+    standbys: dict[str, Standby] = field(default_factory=dict)
+    """Per active_passive deployment: what its standby cluster keeps warm."""
+
+
+def place(world: World, inp: engine.PlacementInput | None = None) -> engine.PlacementResult:
+    """The engine on ``inp`` (default: the world's input), standby replicas included
+    (`controlplane.services.standby`)."""
+    given = world.input if inp is None else inp
+    return fold_standbys(engine.place(with_standbys(given, world.standbys)), world.standbys)
 
 
 DEMAND_DEADBAND = 0.1
@@ -176,9 +195,11 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         for row in session.scalars(select(m.Placement).order_by(m.Placement.id))
         if row.replicas > 0
     ]
-    placed: dict[str, int] = defaultdict(int)
+    standbys = standbys_of(deployments, clusters)
+    placed: dict[str, int] = defaultdict(int)  # active replicas: the standby has its own size
     for a in stored:
-        placed[a.deployment] += a.replicas
+        if not is_standby(standbys, a.deployment, a.cluster):
+            placed[a.deployment] += a.replicas
     current = tuple(
         replace(a, replicas=running_share(a, reports))
         for a in stored
@@ -207,12 +228,13 @@ def load_world(session: Session, now: datetime | None = None) -> World:
             ),
             clusters=tuple(_cluster(c) for c in clusters.values()),
             deployments=tuple(_deployment(d, placed.get(d.name)) for d in deployments.values()),
-            current=current,
+            current=engine_current(current, standbys),
         ),
         deployments=deployments,
         clusters=clusters,
         pools=pools,
         placed=tuple(stored),
+        standbys=standbys,
     )
 
 
@@ -222,15 +244,25 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
     placed: dict[str, int] = defaultdict(int)
     for a in result.assignments:
         placed[a.deployment] += a.replicas
+    standby: dict[str, int] = defaultdict(int)
+    for a in result.assignments:
+        if is_standby(world.standbys, a.deployment, a.cluster):
+            standby[a.deployment] += a.replicas
     for dep in world.input.deployments:
         per_dep[dep.name] = {
             "wanted_replicas": dep.target_replicas,
-            "placed_replicas": placed.get(dep.name, 0),
+            "placed_replicas": placed.get(dep.name, 0) - standby.get(dep.name, 0),
             "cost_per_hour": f"{result.cost_per_hour.get(dep.name, 0.0):.6f}",
             "assignments": [
                 {"cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
                 for a in result.assignments
-                if a.deployment == dep.name
+                if a.deployment == dep.name and not is_standby(world.standbys, dep.name, a.cluster)
+            ],
+            "standby_replicas": standby.get(dep.name, 0),
+            "standby": [
+                {"cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
+                for a in result.assignments
+                if a.deployment == dep.name and is_standby(world.standbys, dep.name, a.cluster)
             ],
             "unplaced": [
                 {
@@ -287,6 +319,12 @@ def apply_result(
         for key in before.keys() | after.keys()
         if before.get(key) != after.get(key)
     }
+    # a quota change alone (e.g. replicas that became a standby, held at min = max) is news too
+    quotas_before = {
+        (r.deployment_id, r.cluster_id, r.pool_id): (r.replicas, r.min_replicas, r.max_replicas)
+        for r in session.scalars(select(m.Placement))
+    }
+    quotas_after: dict[tuple[str, str, str], tuple[int, int, int]] = {}
     session.execute(delete(m.Placement))
     by_dep: dict[str, list[engine.Assignment]] = defaultdict(list)
     for a in result.assignments:
@@ -294,13 +332,19 @@ def apply_result(
     price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
     for name, rows in by_dep.items():
         dep = world.deployments[name]
-        mins = _min_shares(deployment_autoscaling(dep).min_replicas, rows)
-        for row, low in zip(rows, mins, strict=True):
+        active = [i for i, r in enumerate(rows) if not is_standby(world.standbys, name, r.cluster)]
+        auto_min = deployment_autoscaling(dep).min_replicas
+        low_of = dict(zip(active, _min_shares(auto_min, [rows[i] for i in active]), strict=True))
+        for i, row in enumerate(rows):
+            # a standby is kept warm at exactly its size: its plane's autoscaler keeps it
+            low = low_of.get(i, row.replicas)
+            cluster_id, pool_id = world.clusters[row.cluster].id, world.pools[row.pool].id
+            quotas_after[(dep.id, cluster_id, pool_id)] = (row.replicas, low, row.replicas)
             session.add(
                 m.Placement(
                     deployment_id=dep.id,
-                    cluster_id=world.clusters[row.cluster].id,
-                    pool_id=world.pools[row.pool].id,
+                    cluster_id=cluster_id,
+                    pool_id=pool_id,
                     replicas=row.replicas,
                     min_replicas=low,
                     max_replicas=row.replicas,
@@ -309,6 +353,11 @@ def apply_result(
                     ),
                 )
             )
+    touched |= {
+        key[1]
+        for key in quotas_before.keys() | quotas_after.keys()
+        if quotas_before.get(key) != quotas_after.get(key)
+    }
     info = summary(world, result)
     explained_before = {n: _unplaced(d) for n, d in world.deployments.items()}
     for name, dep in world.deployments.items():
@@ -389,7 +438,7 @@ def replan(
     world = load_world(session, now)
     limits = spend_limits or SpendLimits()  # reported demand is bounded before it is placed
     world.input, wishes = spend.guard(session, world.input, world.deployments, now, limits)
-    result = engine.place(world.input)
+    result = place(world)
     spend.record(world.deployments, wishes, result, now, limits)
     info = apply_result(session, world, result, reason)
     actions = plan_procurement(session, instance_gpus_wanted(world, result), now)

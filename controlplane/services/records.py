@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, NotFound
 from controlplane.services import inventory
-from controlplane.services.resources import KINDS, Filter, eq_filter, ref_filter
+from controlplane.services.resources import KINDS, Filter, eq_filter, ref_filter, time_filter
 from controlplane.specs import Role
 
 
@@ -82,6 +82,8 @@ RECORDS = (
             "type": eq_filter(m.Event.type),
             "object_kind": eq_filter(m.Event.object_kind),
             "object_name": eq_filter(m.Event.object_name),
+            "since": time_filter(m.Event.time, after=True),
+            "until": time_filter(m.Event.time, after=False),
         },
     ),
     RecordKind(
@@ -95,15 +97,23 @@ RECORDS = (
             "action": eq_filter(m.AuditEntry.action),
             "resource_kind": eq_filter(m.AuditEntry.resource_kind),
             "resource_name": eq_filter(m.AuditEntry.resource_name),
+            "since": time_filter(m.AuditEntry.time, after=True),
+            "until": time_filter(m.AuditEntry.time, after=False),
         },
     ),
 )
+
+
+INTERNAL_COLUMNS = frozenset({"txid"})
+"""Bookkeeping no reader needs (the webhook export's cursor): never in an answer."""
 
 
 def plain(row: Any) -> dict[str, Any]:
     """Every column as JSON: times in ISO 8601, money as a decimal string."""
     out: dict[str, Any] = {}
     for column in row.__table__.columns:
+        if column.key in INTERNAL_COLUMNS:
+            continue
         value = getattr(row, column.key)
         out[column.key] = value.isoformat() if hasattr(value, "isoformat") else value
         if column.key.endswith("cost_per_hour") and value is not None:

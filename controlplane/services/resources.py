@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db import models as m
-from controlplane.db.columns import cluster_status, set_status
-from controlplane.errors import InUse, InvalidSpec
+from controlplane.db.columns import cluster_status, deployment_failover, set_status
+from controlplane.errors import BadRequest, InUse, InvalidSpec
 from controlplane.services.desired import removing_cluster, removing_deployment, removing_pool
 from controlplane.specs import (
+    ApiPriceSpec,
     ClusterSpec,
     DeploymentSpec,
     GpuTypeSpec,
@@ -63,6 +65,18 @@ def _by_name(session: Session, row_type: type[Any], name: str, field_name: str) 
     return found
 
 
+def _loaded(current: Any, name: str) -> Any:
+    """`current` (a row already loaded with the one being written) if it is the one `name`
+    refers to: a write that keeps its references looks none of them up again."""
+    return current if current is not None and current.name == name else None
+
+
+def _referenced(
+    session: Session, current: Any, row_type: type[Any], name: str, field_name: str
+) -> Any:
+    return _loaded(current, name) or _by_name(session, row_type, name, field_name)
+
+
 def _names(rows: list[Any]) -> str:
     shown = ", ".join(f"`{r.name}`" for r in rows[:5])
     return shown + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
@@ -76,6 +90,22 @@ def _refuse_if(rows: list[Any], what: str, fix: str) -> None:
 def eq_filter(column: Any) -> Filter:
     """`?key=value` → column equals value."""
     return lambda stmt, value: stmt.where(column == value)
+
+
+def time_filter(column: Any, after: bool) -> Filter:
+    """`?since=…` / `?until=…` (ISO 8601; UTC when no offset is given) → at or after / before."""
+
+    def apply(stmt: Select[Any], value: str) -> Select[Any]:
+        try:
+            at = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+        except (ValueError, OverflowError):
+            raise BadRequest(
+                f"'{value[:40]}' is not a time; use ISO 8601, e.g. 2026-01-31T12:00:00Z"
+            ) from None
+        return stmt.where(column >= at if after else column <= at)
+
+    return apply
 
 
 def ref_filter(column: Any, row_type: type[Any]) -> Filter:
@@ -205,15 +235,18 @@ def _load_pool(row: m.Pool) -> dict[str, Any]:
 
 
 def _apply_pool(session: Session, row: m.Pool, spec: PoolSpec) -> None:
-    provider = _by_name(session, m.Provider, spec.provider, "provider")
-    region = _by_name(session, m.Region, spec.region, "region")
+    provider = _referenced(session, row.provider, m.Provider, spec.provider, "provider")
+    region = _referenced(session, row.region, m.Region, spec.region, "region")
     if region.provider_id != provider.id:
         raise InvalidSpec.on(
             "region",
             f"region '{region.name}' belongs to provider '{region.provider.name}', not "
             f"'{provider.name}'; pick a region of '{provider.name}'",
         )
-    gpu_type = session.scalars(select(m.GpuType).where(m.GpuType.name == spec.gpu_type)).first()
+    gpu_type = (
+        _loaded(row.gpu_type, spec.gpu_type)
+        or session.scalars(select(m.GpuType).where(m.GpuType.name == spec.gpu_type)).first()
+    )
     if gpu_type is None:
         known = ", ".join(session.scalars(select(m.GpuType.name).order_by(m.GpuType.name)))
         raise InvalidSpec.on(
@@ -262,14 +295,20 @@ def _load_cluster(row: m.Cluster) -> dict[str, Any]:
 
 
 def _apply_cluster(session: Session, row: m.Cluster, spec: ClusterSpec) -> None:
-    region = _by_name(session, m.Region, spec.region, "region")
-    pools = [_by_name(session, m.Pool, name, "pools") for name in spec.pools]
+    region = _referenced(session, row.region, m.Region, spec.region, "region")
+    held = {p.name: p for p in row.pools}
+    pools = [_referenced(session, held.get(name), m.Pool, name, "pools") for name in spec.pools]
     row.name, row.region, row.pools = spec.name, region, pools
     row.endpoint = str(spec.endpoint) if spec.endpoint else None
     set_status(row, cordoned=spec.cordoned)
 
 
 def _check_delete_cluster(session: Session, row: m.Cluster, force: bool) -> None:
+    _refuse_if(
+        _standby_of(session, row),
+        "the failover.standby_cluster of",
+        "give them another standby cluster (or mode: active_active) first",
+    )
     replicas = list(session.scalars(select(m.Replica).where(m.Replica.cluster_id == row.id)))
     if replicas and not force:
         raise InUse(
@@ -294,6 +333,7 @@ def _load_deployment(row: m.Deployment) -> dict[str, Any]:
         "placement": row.placement,
         "priority": row.priority,
         "traffic": row.traffic,
+        "failover": deployment_failover(row).model_dump(mode="json"),
     }
 
 
@@ -312,8 +352,49 @@ def _apply_deployment(session: Session, row: m.Deployment, spec: DeploymentSpec)
     for name in spec.traffic:
         if name not in regions:
             raise InvalidSpec.on(f"traffic.{name}", f"no region named '{name}'")
+    if (standby := spec.failover.standby) is not None:
+        _check_standby(session, spec, standby)
     for key, value in spec.model_dump(mode="json").items():
         setattr(row, key, value)
+
+
+def _check_standby(session: Session, spec: DeploymentSpec, standby: str) -> None:
+    """The standby cluster exists and may carry the deployment (its residency and
+    certifications), so that failing over never crosses a border the deployment forbids."""
+    where = "failover.standby_cluster"
+    cluster = _by_name(session, m.Cluster, standby, where)
+    region, rules = cluster.region, spec.placement
+    if rules.allowed_jurisdictions and region.jurisdiction not in rules.allowed_jurisdictions:
+        raise InvalidSpec.on(
+            where,
+            f"cluster '{cluster.name}' is in {region.jurisdiction}, outside "
+            f"placement.allowed_jurisdictions ({', '.join(rules.allowed_jurisdictions)}); "
+            "pick a standby cluster there or widen the residency",
+        )
+    if rules.allowed_regions and region.name not in rules.allowed_regions:
+        raise InvalidSpec.on(
+            where,
+            f"cluster '{cluster.name}' is in region '{region.name}', not in "
+            "placement.allowed_regions; pick a standby cluster there or add its region",
+        )
+    missing = sorted(set(rules.required_certifications) - set(region.provider.certifications))
+    if missing:
+        raise InvalidSpec.on(
+            where,
+            f"cluster '{cluster.name}' runs on provider '{region.provider.name}', which lacks "
+            f"{', '.join(missing)} (placement.required_certifications); pick another cluster",
+        )
+
+
+def _standby_of(session: Session, cluster: m.Cluster) -> list[m.Deployment]:
+    """Deployments whose active_passive standby is ``cluster``."""
+    rows = session.scalars(
+        select(m.Deployment).where(
+            m.Deployment.failover["standby_cluster"].astext == cluster.name,
+            m.Deployment.failover["mode"].astext == "active_passive",
+        )
+    )
+    return list(rows)
 
 
 def _check_delete_deployment(session: Session, row: m.Deployment, force: bool) -> None:
@@ -342,12 +423,12 @@ def _load_token(row: m.ApiToken) -> dict[str, Any]:
 
 def _apply_token(session: Session, row: m.ApiToken, spec: TokenSpec) -> None:
     if row.role == Role.admin and spec.role != Role.admin:
-        _keep_one_admin(session, row, "demote")
+        keep_one_admin(session, row, "demote")
     row.name, row.role = spec.name, spec.role.value
     row.description, row.expires_at = spec.description, spec.expires_at
 
 
-def _keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
+def keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
     others = session.scalar(
         select(func.count())
         .select_from(m.ApiToken)
@@ -359,7 +440,32 @@ def _keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
 
 def _check_delete_token(session: Session, row: m.ApiToken, force: bool) -> None:
     if row.role == Role.admin:
-        _keep_one_admin(session, row, "delete")
+        keep_one_admin(session, row, "delete")
+
+
+# API prices --------------------------------------------------------------------------------
+
+
+def _load_api_price(row: m.ApiPrice) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": row.name,
+        "model_id": row.model_id,
+        "input_price_per_mtok": row.input_price_per_mtok,
+        "output_price_per_mtok": row.output_price_per_mtok,
+    }
+    if row.source is not None:
+        spec["source"] = row.source
+    return spec
+
+
+def _apply_api_price(session: Session, row: m.ApiPrice, spec: ApiPriceSpec) -> None:
+    row.name, row.model_id, row.source = spec.name, spec.model_id, spec.source
+    row.input_price_per_mtok = spec.input_price_per_mtok
+    row.output_price_per_mtok = spec.output_price_per_mtok
+
+
+def _nothing_uses(session: Session, row: Any, force: bool) -> None:
+    """Nothing refers to it: it may always be deleted."""
 
 
 KINDS: dict[str, ResourceKind] = {
@@ -410,6 +516,11 @@ KINDS: dict[str, ResourceKind] = {
             "Token", "tokens", m.ApiToken, TokenSpec, Role.admin,
             _load_token, _apply_token, _check_delete_token,
             {"role": eq_filter(m.ApiToken.role)}, read_role=Role.admin,
+        ),
+        ResourceKind(
+            "ApiPrice", "api-prices", m.ApiPrice, ApiPriceSpec, Role.operator,
+            _load_api_price, _apply_api_price, _nothing_uses,
+            {"model_id": eq_filter(m.ApiPrice.model_id)},
         ),
     )
 }  # fmt: skip

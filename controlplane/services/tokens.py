@@ -3,6 +3,7 @@ the check of a presented token. Only SHA-256 hashes of tokens are stored."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -12,7 +13,8 @@ from sqlalchemy.orm import Session
 from controlplane.db.models import ApiToken
 from controlplane.errors import Unauthenticated
 from controlplane.services import inventory
-from controlplane.services.resources import KINDS
+from controlplane.services.audit import record
+from controlplane.services.resources import KINDS, keep_one_admin
 from controlplane.specs import Role, TokenSpec
 
 
@@ -44,3 +46,36 @@ def ensure_admin_token(session: Session, name: str = "admin") -> str | None:
     spec = TokenSpec(name=name, role=Role.admin, description="created at first start")
     result = inventory.create(session, KINDS["tokens"], spec, inventory.Actor("system:bootstrap"))
     return (result.secrets or {}).get("token")
+
+
+def create_scrape_token(session: Session) -> str:
+    """A viewer token for Prometheus to scrape ``/metrics`` with (`gpufleet up` keeps its
+    secret beside the scrape configuration); a new name each time, the secret shown once."""
+    spec = TokenSpec(
+        name=f"prometheus-{secrets.token_hex(3)}",
+        role=Role.viewer,
+        description="Prometheus scrapes /metrics (written by gpufleet up)",
+    )
+    result = inventory.create(session, KINDS["tokens"], spec, inventory.Actor("system:up"))
+    return (result.secrets or {})["token"]
+
+
+def set_disabled(session: Session, ref: str, disabled: bool, actor: inventory.Actor) -> None:
+    """Disable (or re-enable) a token, audited; the last enabled admin token stays enabled."""
+    row = inventory.get(session, KINDS["tokens"], ref)
+    if row.disabled == disabled:
+        return
+    if disabled and row.role == Role.admin:
+        keep_one_admin(session, row, "disable")
+    row.disabled = disabled
+    record(
+        session,
+        actor=actor.name,
+        action="disable" if disabled else "enable",
+        kind="Token",
+        resource_id=row.id,
+        name=row.name,
+        before={"disabled": not disabled},
+        after={"disabled": disabled},
+        request_id=actor.request_id,
+    )

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from controlplane import placement as engine
-from controlplane.services.placement import World, summary
+from controlplane.services.placement import World, place, summary
 
 
 def with_changes(world: World, changes: Iterable[dict[str, Any]]) -> World:
@@ -55,9 +55,9 @@ def _fields(cls: type, patch: dict[str, Any]) -> dict[str, Any]:
 
 def preview(world: World, changes: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Re-plan with pretend changes against the plan for the unchanged world; writes nothing."""
-    baseline = engine.place(world.input)
+    baseline = place(world)
     changed = with_changes(world, changes)
-    after = engine.place(replace(changed.input, current=baseline.assignments))
+    after = place(changed, replace(changed.input, current=baseline.assignments))
     info = summary(changed, after)
     info["moves"] = info.pop("changes")
     info["cost_delta_per_hour"] = f"{after.total_cost_per_hour - baseline.total_cost_per_hour:.6f}"

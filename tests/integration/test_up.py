@@ -81,14 +81,29 @@ class Up:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(60)
 
+    def stop(self) -> None:
+        """Stop it and everything it started, even when a test failed midway: Ctrl-C, then
+        kill what outlives it, and any process that still names the data dir."""
+        if self.proc.poll() is None:
+            tree = self.processes()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            for p in psutil.wait_procs(tree, timeout=10)[1]:
+                p.kill()
+        for p in _naming(self.data_dir):
+            p.kill()
+
 
 @pytest.fixture
 def ports() -> dict[str, int]:
     """Below the ephemeral range: `up` binds them seconds after they are chosen, and an
     outgoing connection may be handed a merely-free ephemeral port meanwhile."""
-    first = free_port_block(8)  # api, postgres, nats, redis, then three routers
+    first = free_port_block(40)  # api, postgres, nats, redis, routers, gateways, metrics (+ 24…)
     names = ("api", "postgres", "nats", "redis", "router_base")
-    return {name: first + i for i, name in enumerate(names)}
+    return {name: first + i for i, name in enumerate(names)} | {"gateway_base": first + 8}
 
 
 @pytest.fixture
@@ -96,15 +111,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("up") / "fleet"
     yield path
     for up in Up.started:  # never leave a fleet behind, even when a test fails midway
-        if up.proc.poll() is None:
-            tree = up.processes()
-            up.proc.send_signal(signal.SIGINT)
-            try:
-                up.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                up.proc.kill()
-            for p in psutil.wait_procs(tree, timeout=10)[1]:
-                p.kill()
+        up.stop()
     Up.started.clear()
     for p in _naming(path):
         p.kill()
@@ -146,6 +153,18 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     assert all(name in shown.stdout for name in names)
     api.post("/api/v1/gpu-types", json={"name": "B200-192G", "memory_gib": 192}).raise_for_status()
 
+    # the gateways are the main endpoint: said first, each answering, each cluster's
+    # endpoint is its router (what the routing table gives the gateways)
+    said = first.output.splitlines()
+    gateways = [i for i, line in enumerate(said) if line.startswith("  gateway ")]
+    routers = [i for i, line in enumerate(said) if line.startswith("  cluster ")]
+    assert len(gateways) == 2 and max(gateways) < min(routers), first.output
+    for i in range(2):
+        health = httpx.get(f"http://127.0.0.1:{ports['gateway_base'] + i}/health", timeout=10)
+        assert health.status_code == 200
+    use1 = api.get("/api/v1/clusters/use1-a").json()
+    assert use1["endpoint"].rstrip("/") == f"http://127.0.0.1:{ports['router_base'] + 2}"
+
     # the demo fleet serves: placement → desired state → agent → engine-sim replicas → router
     router = OpenAI(base_url=f"http://127.0.0.1:{ports['router_base'] + 2}/v1", api_key="none",
                     timeout=120, max_retries=0)  # use1-a: the third cluster by name  # fmt: skip
@@ -155,6 +174,17 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
         model="triage-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=8
     )
     assert answer.choices[0].message.content
+    # …and through a gateway, the main endpoint: routing table from the control plane,
+    # the planes' load from their routers, the nearest plane that serves it
+    gateway = OpenAI(base_url=f"http://127.0.0.1:{ports['gateway_base']}/v1", api_key="none",
+                     timeout=120, max_retries=0)  # fmt: skip
+    _wait_until(lambda: "triage-llm" in {m.id for m in gateway.models.list()}, 60,
+                "the gateway to learn the routing table")  # fmt: skip
+    raw = gateway.chat.completions.with_raw_response.create(
+        model="triage-llm", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    assert raw.headers["x-gpufleet-plane"] == "use1-a"
+    assert raw.parse().choices[0].message.content
 
     second = Up(
         data_dir, {**ports, "api": free_port_block(1)}

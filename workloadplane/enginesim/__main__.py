@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from gpufleet_logging import configure_logging
 from workloadplane.enginesim.app import Simulator
 from workloadplane.enginesim.engine import EngineConfig
 
@@ -52,6 +53,7 @@ def config_from(args: argparse.Namespace) -> EngineConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    configure_logging("engine-sim", default_level="WARNING")
     args = parse_args(argv)
     try:
         config = config_from(args)
@@ -60,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.refuse_during_startup and args.startup_delay > 0:
         time.sleep(args.startup_delay)  # nothing listens yet: connections are refused
     sim = Simulator(config)
-    uvicorn.run(sim.app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # log_config=None: uvicorn's lines go through ours (configure_logging), at our level
+    uvicorn.run(sim.app, host=args.host, port=args.port, log_config=None, access_log=False)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +17,9 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpufleet_logging import clean_request_id, request_id_bound
 from workloadplane.enginesim import protocol as p
 from workloadplane.enginesim.engine import (
     Engine,
@@ -27,6 +30,8 @@ from workloadplane.enginesim.engine import (
     natural_length,
 )
 from workloadplane.enginesim.metrics import EngineMetrics
+
+log = logging.getLogger(__name__)
 
 VLLM_VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VLLM_VERSION}-enginesim"
@@ -61,7 +66,12 @@ class Simulator:
             body.check(self.config.max_model_len)
 
     def make_request(
-        self, body: p._Request, prompt_tokens: int, seed: str, requested: int | None
+        self,
+        body: p._Request,
+        prompt_tokens: int,
+        seed: str,
+        requested: int | None,
+        offset: int = 0,
     ) -> SimRequest:
         cfg = self.config
         if prompt_tokens >= cfg.max_model_len:
@@ -88,11 +98,30 @@ class Simulator:
             stop=body.stops,
             n_param=body.n,
             max_tokens_param=requested,
+            offset=offset,
         )
+
+
+class RequestIdBinding:
+    """Pure ASGI: the request's X-Request-Id is on every line logged while it is served."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = dict(scope["headers"]).get(b"x-request-id") if scope["type"] == "http" else None
+        with request_id_bound(clean_request_id(given)):
+            await self.app(scope, receive, send)
+
+
+def _accepted(what: str, request: SimRequest) -> None:
+    # counts only: never a prompt or a completion
+    log.debug("%s: %d prompt tokens, up to %d new", what, request.prompt_tokens, request.max_tokens)
 
 
 def _build_app(sim: Simulator) -> FastAPI:
     app = FastAPI(title="gpufleet engine-sim", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdBinding)
 
     @app.exception_handler(p.ApiError)
     async def api_error(_: Request, exc: p.ApiError) -> JSONResponse:
@@ -119,13 +148,14 @@ def _build_app(sim: Simulator) -> FastAPI:
     async def chat(request: Request) -> Response:
         body = p.parse(p.ChatRequest, await request.body())
         sim.check(body.model, body)
-        seed = body.prompt_seed()
+        seed, prompt_tokens, offset = body.continued()
         sim_request = sim.make_request(
-            body, body.prompt_tokens(), seed, body.requested_max_tokens()
+            body, prompt_tokens, seed, body.requested_max_tokens(), offset
         )
         rid = p.new_id("chatcmpl", request.headers.get("x-request-id"))
         head = {"id": rid, "object": "chat.completion", "created": p.now_s()}
         head["model"] = sim.config.model
+        _accepted("chat completion", sim_request)
         sim.engine.submit(sim_request)
         if body.stream:
             stream = _chat_stream(sim, sim_request, head, body.stream_options)
@@ -164,11 +194,16 @@ def _build_app(sim: Simulator) -> FastAPI:
         prompts = body.prompts()
         if body.stream and len(prompts) > 1:
             raise p.ApiError("engine-sim streams one prompt at a time; send one", param="prompt")
-        sims = [sim.make_request(body, tokens, seed, body.max_tokens) for seed, tokens in prompts]
+        if len(prompts) == 1 and isinstance(body.prompt, str | list) and _one_string(body.prompt):
+            seed, tokens, offset = body.continued()
+            sims = [sim.make_request(body, tokens, seed, body.max_tokens, offset)]
+        else:
+            sims = [sim.make_request(body, n, seed, body.max_tokens) for seed, n in prompts]
         rid = p.new_id("cmpl", request.headers.get("x-request-id"))
         head = {"id": rid, "object": "text_completion", "created": p.now_s()}
         head["model"] = sim.config.model
         for r in sims:
+            _accepted("completion", r)
             sim.engine.submit(r)
         if body.stream:
             return _event_stream(
@@ -236,6 +271,12 @@ _CHAT_TAIL = (
     "ec_transfer_params",
     "metrics",
 )
+
+
+def _one_string(prompt: object) -> bool:
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+    )
 
 
 def _model_card(config: EngineConfig) -> dict[str, Any]:

@@ -129,6 +129,9 @@ class SimRequest:
     stop: tuple[str, ...] = ()
     n_param: int = 1
     max_tokens_param: int | None = None
+    offset: int = 0
+    """Tokens of ``seed``'s answer already given (a continued final message or prompt):
+    generation picks up at that index, as a greedy model continuing its own text would."""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     generated: int = 0
     text: str = ""
@@ -149,6 +152,33 @@ def count_tokens(text: str) -> int:
 def token_text(seed: str, index: int) -> str:
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
     return " " + _VOCAB[int.from_bytes(digest) % len(_VOCAB)]
+
+
+def continued(seed: str, text: str) -> int | None:
+    """How many of ``seed``'s tokens ``text`` is, when it is exactly the start of the answer
+    engine-sim gives to ``seed`` (else None)."""
+    k, at = 0, 0
+    while at < len(text):
+        piece = token_text(seed, k)
+        if not text.startswith(piece, at):
+            return None
+        at += len(piece)
+        k += 1
+    return k
+
+
+def split_continuation(prompt: str, limit: int = 4096) -> tuple[str, int]:
+    """(base prompt, tokens already generated) of a completion prompt that ends with the
+    start of engine-sim's own answer to a shorter prompt; (prompt, 0) when it does not."""
+    cuts = [i for i, ch in enumerate(prompt) if ch == " "][-limit:]
+    for cut in cuts:  # the longest continued answer first
+        base, rest = prompt[:cut], prompt[cut:]
+        if token_text(base, 0) != rest[: len(token_text(base, 0))]:
+            continue
+        k = continued(base, rest)
+        if k:
+            return base, k
+    return prompt, 0
 
 
 def natural_length(seed: str) -> int:
@@ -264,7 +294,7 @@ class Engine:
         return True
 
     def _emit(self, request: SimRequest, now: float) -> None:
-        text = token_text(request.seed, request.generated)
+        text = token_text(request.seed, request.offset + request.generated)
         request.generated += 1
         request.text += text
         self.metrics.generation_tokens.inc()
@@ -281,7 +311,10 @@ class Engine:
             visible = text[: max(0, len(text) - (len(request.text) - cut))]
             request.events.put_nowait(TokenEvent(visible, "stop", stop))
             self._finish(request, "stop", notify=False)
-        elif request.natural_tokens is not None and request.generated >= request.natural_tokens:
+        elif (
+            request.natural_tokens is not None
+            and request.offset + request.generated >= request.natural_tokens
+        ):
             request.events.put_nowait(TokenEvent(text, "stop"))
             self._finish(request, "stop", notify=False)
         elif request.generated >= request.max_tokens:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workloadplane.enginesim.engine import count_tokens
+from workloadplane.enginesim.engine import continued, count_tokens, split_continuation
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -173,17 +173,40 @@ class ChatRequest(_Request):
     messages: list[Message]
     max_completion_tokens: int | None = None
 
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+
     def check(self, max_model_len: int) -> None:
         if not self.messages:
             raise ApiError(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
             )
-        super().check(max_model_len)
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ApiError(
+                "continue_final_message requires the final message to be from the assistant",
+                param="messages",
+            )
+        _Request.check(self, max_model_len)
+
+    def continued(self) -> tuple[str, int, int]:
+        """(seed, prompt tokens, offset): with ``continue_final_message`` and a final
+        assistant message that is the start of engine-sim's own answer, generation picks up
+        where that answer was (offset = its tokens; the prompt holds them), as vLLM with a
+        greedy model would; otherwise the whole conversation seeds a new answer."""
+        if self.continue_final_message and len(self.messages) > 1:
+            head = self.messages[:-1]
+            seed = "\n".join(f"{m.role}:{m.text()}" for m in head)
+            offset = continued(seed, self.messages[-1].text())
+            if offset is not None:
+                return seed, _chat_tokens(head) + offset, offset
+        return self.prompt_seed(), self.prompt_tokens(), 0
 
     def prompt_tokens(self) -> int:
-        return TOKENS_FOR_REPLY + sum(
-            TOKENS_PER_MESSAGE + count_tokens(m.text()) for m in self.messages
-        )
+        return _chat_tokens(self.messages)
 
     def prompt_seed(self) -> str:
         return "\n".join(f"{m.role}:{m.text()}" for m in self.messages)
@@ -192,6 +215,10 @@ class ChatRequest(_Request):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens
+
+
+def _chat_tokens(messages: list[Message]) -> int:
+    return TOKENS_FOR_REPLY + sum(TOKENS_PER_MESSAGE + count_tokens(m.text()) for m in messages)
 
 
 class CompletionRequest(_Request):
@@ -203,6 +230,18 @@ class CompletionRequest(_Request):
         p = self.prompt
         if isinstance(p, str):
             return [(p, count_tokens(p))]
+        return self._many(p)
+
+    def continued(self) -> tuple[str, int, int]:
+        """(seed, prompt tokens, offset) of a one-string prompt: a prompt ending with the
+        start of engine-sim's own answer to a shorter prompt continues that answer (a
+        greedy model continues its own text), else it seeds a new one."""
+        p = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        assert isinstance(p, str)
+        base, offset = split_continuation(p, limit=512)
+        return base, count_tokens(base) + offset, offset
+
+    def _many(self, p: list[str] | list[int] | list[list[int]]) -> list[tuple[str, int]]:
         if not p:
             raise ApiError("prompt must not be empty", param="prompt")
         if all(isinstance(x, int) for x in p):

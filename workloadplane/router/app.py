@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import re
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpufleet_logging import request_id_bound
 from workloadplane.router import errors
 from workloadplane.router.core import (
     Backend,
@@ -27,41 +26,35 @@ from workloadplane.router.core import (
     Router,
     Ticket,
 )
-from workloadplane.router.dispatch import ClientGoneError, Dispatcher, Forward
+from workloadplane.router.dispatch import Dispatcher, Forward
+from workloadplane.router.front import (
+    INFERENCE_PATHS,
+    BadRequest,
+    ClientGoneError,
+    ClientWatch,
+    Receive,
+    Relayed,
+    RequestHead,
+    Scope,
+    Send,
+    bearer,
+    choose_tier,
+    lifespan,
+    parse_payload,
+    read_body,
+    read_head,
+    relay,
+    respond,
+)
 from workloadplane.router.metrics import RouterMetrics, relabel_vllm, render_families
-from workloadplane.router.upstream import Response, UpstreamError
+from workloadplane.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-INFERENCE_PATHS = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
-_DROP_REQUEST = {
-    b"host",
-    b"content-length",
-    b"connection",
-    b"keep-alive",
-    b"transfer-encoding",
-    b"authorization",
-    b"te",
-    b"upgrade",
-    b"expect",
-    b"x-priority",
-}
-_DROP_RESPONSE = {
-    b"connection",
-    b"keep-alive",
-    b"transfer-encoding",
-    b"date",
-    b"server",
-    b"x-request-id",
-}
-_TIERS = {"high": 0, "normal": 1, "low": 2}
 _USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
-_random_bits = random.getrandbits
-_FLUSH = {"type": "http.response.body", "body": b"", "more_body": True}
+_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+CROSS_REGION = b"x-gpufleet-cross-region"
+"""Set by the gateway: ``1`` when the answer goes on to a client in another region."""
 
 
 class RouterApp:
@@ -76,7 +69,7 @@ class RouterApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -89,37 +82,31 @@ class RouterApp:
         elif method == "GET" and path == b"/metrics":
             await self.scrape(send)
         elif method == "GET" and path == b"/health":
-            await _respond(send, 200, b"", b"text/plain")
+            await respond(send, 200, b"", b"text/plain")
         elif method == "GET" and path == b"/internal/load":
-            await _respond(send, 200, json.dumps(self.router.load_report()).encode())
+            await respond(send, 200, json.dumps(self.router.load_report()).encode())
         else:
             message = (
                 f"no route {method} {path.decode()}: use /v1/chat/completions, "
                 "/v1/completions, /v1/embeddings or /v1/models"
             )
-            await _respond(
+            await respond(
                 send, 404, errors.error_body(message, "invalid_request_error", "not_found")
             )
 
     # --- inference ------------------------------------------------------------------------
     async def inference(self, scope: Scope, receive: Receive, send: Send, path: bytes) -> None:
+        head = read_head(scope["headers"])
+        cross = (CROSS_REGION, b"1") in scope["headers"]
+        with request_id_bound(head.request_id.decode()):  # on every line logged for it
+            await self._inference(head, receive, send, path, cross)
+
+    async def _inference(
+        self, head: RequestHead, receive: Receive, send: Send, path: bytes, cross: bool
+    ) -> None:
         arrived = time.perf_counter()
-        body = await _read_body(receive)
-        request_id, auth, priority = b"", b"", b""
-        fwd: list[tuple[bytes, bytes]] = []
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                request_id = value
-            elif name == b"authorization":
-                auth = value
-            elif name == b"x-priority":
-                priority = value
-            if name not in _DROP_REQUEST:
-                fwd.append((name, value))
-        if not request_id:
-            request_id = b"%032x" % _random_bits(128)  # unique, needn't be secret
-            fwd.append((b"x-request-id", request_id))
-        rid_header = (b"x-request-id", request_id)
+        body = await read_body(receive)
+        rid_header = (b"x-request-id", head.request_id)
 
         async def fail(
             error: tuple[int, str],
@@ -130,13 +117,13 @@ class RouterApp:
         ) -> None:
             status, type_ = error
             self.metrics.answered(deployment, str(status))
+            log.debug("%s %s: %d %s", path.decode(), deployment or "-", status, code)
             body = errors.error_body(message, type_, code)
-            await _respond(send, status, body, extra=(rid_header, *extra))
+            await respond(send, status, body, extra=(rid_header, *extra))
 
-        tier, best = self.config.default_tier, 0
+        known = None
         if self.config.api_keys:
-            key = auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
-            known = self.config.api_keys.get(key)
+            known = self.config.api_keys.get(bearer(head.auth))
             if known is None:
                 message = (
                     "invalid API key: send 'Authorization: Bearer <key>' with a key this "
@@ -144,47 +131,47 @@ class RouterApp:
                 )
                 await fail(errors.UNAUTHORIZED, message, "invalid_api_key")
                 return
-            tier = best = known
-        if priority:
-            asked = _parse_tier(priority)
-            if asked is not None:
-                tier = max(asked, best)  # a header may lower a key's tier, never raise it
+        tier = choose_tier(known, self.config.default_tier, head.priority, self.config.tiers)
         try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            message = (
-                f"the body is not valid JSON ({exc}): send a JSON object with at least 'model'"
-            )
-            await fail(errors.BAD_REQUEST, message, "invalid_json")
-            return
-        model = payload.get("model") if isinstance(payload, dict) else None
-        if not isinstance(model, str):
-            message = "'model' is missing or not a string: name one of GET /v1/models"
-            await fail(errors.BAD_REQUEST, message, "missing_model")
+            payload, model = parse_payload(body)
+        except BadRequest as exc:
+            await fail(errors.BAD_REQUEST, str(exc), exc.code)
             return
         entry = self.router.resolve(model)
         if entry is None:
-            known = ", ".join(m for m, _ in self.router.model_ids()) or "none"
-            message = f"the model `{model}` does not exist on this plane; models: {known}"
+            names = ", ".join(m for m, _ in self.router.model_ids()) or "none"
+            message = f"the model `{model}` does not exist on this plane; models: {names}"
             await fail(errors.NOT_FOUND, message, "model_not_found")
             return
         stream = payload.get("stream") is True
         ticket = Ticket(
-            tier=min(max(tier, 0), self.config.tiers - 1),
+            tier=tier,
             affinity_key=self._affinity_key(model, payload),
             adapter=model if model != entry.name else None,
         )
         dep = entry.name
         self.metrics.of(dep).request_bytes.observe(len(body))
-        client = _Client(receive)
+        client = ClientWatch(receive)
         try:
             exchange = await self.dispatcher.dispatch(
-                entry, ticket, Forward(path.decode(), fwd, body, stream), client.gone
+                entry, ticket, Forward(path.decode(), head.forward, body, stream), client.gone
             )
             try:
-                await self._relay(exchange.response, dep, stream, send, client, rid_header, arrived)
+                relayed = await relay(
+                    exchange.response, stream, send, client, [rid_header], f"deployment {dep}"
+                )
             finally:
                 exchange.close()
+            self._observe(dep, exchange.response.status, relayed, arrived, cross)
+            log.debug(  # sizes, codes and ids only: never a prompt or a completion
+                "%s %s: %d from replica %s, %d bytes in %.3f s",
+                path.decode(),
+                dep,
+                exchange.response.status,
+                exchange.replica_id,
+                relayed.size,
+                time.perf_counter() - arrived,
+            )
         except QueueFullError as exc:
             message = (
                 f"deployment {dep} has {len(entry.queue)} requests waiting, the most it "
@@ -212,6 +199,30 @@ class RouterApp:
         finally:
             client.close()
 
+    def _observe(
+        self, dep: str, status: int, r: Relayed, arrived: float, cross_region: bool = False
+    ) -> None:
+        end = time.perf_counter()
+        self.metrics.answered(dep, str(status) if r.complete else "502")
+        m = self.metrics.of(dep)
+        m.response_bytes.observe(r.size)
+        m.e2e.observe(end - arrived)
+        if r.first:
+            m.ttft.observe(r.first - arrived)
+        if r.complete:
+            ttft = r.first - arrived if r.first else None
+            self.metrics.recent.finished(dep, self.router.clock(), ttft)
+        match = _USAGE.search(r.tail)
+        tokens = int(match.group(1)) if match else max(r.events - 1, 0)
+        if r.complete and 200 <= status < 300:
+            prompt = _PROMPT.search(r.tail)
+            prompt_tokens = int(prompt.group(1)) if prompt else 0
+            self.router.count_usage(dep, prompt_tokens, tokens, r.size, cross_region)
+            m.input_tokens.inc(prompt_tokens)
+            m.output_tokens.inc(tokens)
+        if tokens and end > r.first:
+            m.tokens_per_s.observe(tokens / (end - arrived))
+
     def _affinity_key(self, model: str, payload: dict[str, Any]) -> str | None:
         limit = self.config.prefix_chars
         text = ""
@@ -236,68 +247,6 @@ class RouterApp:
             return None
         return f"{model}\x1e{text[:limit]}"
 
-    async def _relay(
-        self,
-        resp: Response,
-        dep: str,
-        stream: bool,
-        send: Send,
-        client: _Client,
-        rid_header: tuple[bytes, bytes],
-        arrived: float,
-    ) -> None:
-        headers = [(n, v) for n, v in resp.headers if n not in _DROP_RESPONSE]
-        headers.append(rid_header)
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        gone = client.watching
-        if stream:  # the head goes out now; else it leaves with the body, in one write
-            await send(_FLUSH)
-            gone = client.gone()
-        size, events, first = 0, 0, 0.0
-        tail = b""
-        complete = False
-        try:
-            async for chunk in resp.body():
-                if not first:
-                    first = time.perf_counter()
-                size += len(chunk)
-                if stream:
-                    events += chunk.count(b"data: ")
-                    tail = chunk[-512:]
-                elif size <= 65536:
-                    tail += chunk
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if gone is not None and gone.done():
-                    raise ClientGoneError
-            complete = True
-        except UpstreamError as exc:
-            log.warning("replica stream broke after the first byte (deployment %s): %s", dep, exc)
-            if stream:  # no [DONE]: the client must not take a cut stream for a whole one
-                error = errors.error_body(
-                    f"the replica failed mid-stream ({exc}); the answer is incomplete: "
-                    "send the request again",
-                    "upstream_error",
-                    "stream_broken",
-                )
-                chunk = b"data: " + error + b"\n\n"
-                await send({"type": "http.response.body", "more_body": True, "body": chunk})
-        finally:
-            resp.release()
-            if stream:
-                client.close()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        end = time.perf_counter()
-        self.metrics.answered(dep, str(resp.status) if complete else "502")
-        m = self.metrics.of(dep)
-        m.response_bytes.observe(size)
-        m.e2e.observe(end - arrived)
-        if first:
-            m.ttft.observe(first - arrived)
-        match = _USAGE.search(tail)
-        tokens = int(match.group(1)) if match else max(events - 1, 0)
-        if tokens and end > first:
-            m.tokens_per_s.observe(tokens / (end - arrived))
-
     # --- other routes -------------------------------------------------------------------------
     async def models(self, send: Send) -> None:
         now = int(time.time())  # OpenAI's "created" is a wall-clock timestamp
@@ -312,7 +261,7 @@ class RouterApp:
             }
             for m, parent in self.router.model_ids()
         ]
-        await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+        await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
     async def scrape(self, send: Send) -> None:
         m = self.metrics
@@ -333,32 +282,7 @@ class RouterApp:
             if text:
                 relabel_vllm(text, backend.replica_id, families)
         content_type = b"text/plain; version=0.0.4; charset=utf-8"
-        await _respond(send, 200, m.render() + render_families(families), content_type)
-
-
-class _Client:
-    """The client's side of the connection: a watch for its disconnect, started on first
-    need (waiting in the queue, streaming) and shared by both."""
-
-    def __init__(self, receive: Receive) -> None:
-        self._receive = receive
-        self.watching: asyncio.Future[Any] | None = None
-
-    def gone(self) -> asyncio.Future[Any]:
-        if self.watching is None:
-            self.watching = asyncio.ensure_future(self._receive())
-        return self.watching
-
-    def close(self) -> None:
-        if self.watching is not None and not self.watching.done():
-            self.watching.cancel()
-
-
-def _parse_tier(value: bytes) -> int | None:
-    text = value.decode(errors="replace").strip().lower()
-    if text in _TIERS:
-        return _TIERS[text]
-    return int(text) if text.isdigit() else None
+        await respond(send, 200, m.render() + render_families(families), content_type)
 
 
 async def _fetch_metrics(backend: Backend) -> str:
@@ -369,38 +293,3 @@ async def _fetch_metrics(backend: Backend) -> str:
         return text.decode(errors="replace") if resp.status == 200 else ""
     except (UpstreamError, TimeoutError):
         return ""
-
-
-async def _read_body(receive: Receive) -> bytes:
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body"):
-        return body
-    parts = [body]
-    while message.get("more_body"):
-        message = await receive()
-        parts.append(message.get("body", b""))
-    return b"".join(parts)
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: bytes = b"application/json",
-    extra: tuple[tuple[bytes, bytes], ...] = (),
-) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    headers += extra
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

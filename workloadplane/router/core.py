@@ -16,14 +16,15 @@ import contextlib
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.contracts import DeploymentDesired, ReplicaStatus
+from controlplane.contracts import DeploymentDesired, ReplicaStatus, TokenCounters
 from workloadplane.health import ReplicaHealth
 from workloadplane.queue import AdmissionQueue, Waiting
-from workloadplane.router.upstream import Abort, UpstreamPool
+from workloadplane.router.upstream import Abort, UpstreamPool, host_port
 from workloadplane.routing import Candidate, HashRing, choose_replica
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Backend:
     """One replica as the router sees it."""
 
     def __init__(self, replica: ReplicaStatus, readmit_after: int) -> None:
-        host, port = _host_port(replica.endpoint or "")
+        host, port = host_port(replica.endpoint or "")
         self.replica_id = replica.replica_id
         self.deployment = replica.deployment
         self.endpoint = replica.endpoint or ""
@@ -116,12 +117,6 @@ class Backend:
         for ticket in list(self.in_flight):
             if ticket.started and ticket.cut is not None:
                 ticket.cut(reason)
-
-
-def _host_port(endpoint: str) -> tuple[str, int]:
-    rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    host, _, port = rest.rpartition(":")
-    return (host or "127.0.0.1"), int(port or 80)
 
 
 @dataclass(eq=False)
@@ -218,6 +213,9 @@ class Router:
         self.scale_from_zero = ScaleFromZero()
         self._aliases: dict[str, str] = {}
         self._tiebreak = itertools.count()
+        self.since = uuid.uuid4().hex
+        """Names this router's counters: a restarted router counts from zero again."""
+        self._usage: dict[str, list[int]] = {}
 
     # --- feeding -------------------------------------------------------------------------
     def set_deployments(self, deployments: Sequence[DeploymentDesired]) -> None:
@@ -300,6 +298,37 @@ class Router:
         entry = self.deployments.get(deployment)
         return (entry.in_flight(), len(entry.queue)) if entry is not None else (0, 0)
 
+    def count_usage(
+        self,
+        deployment: str,
+        input_tokens: int,
+        output_tokens: int,
+        response_bytes: int,
+        cross_region: bool = False,
+    ) -> None:
+        """Add one answer's tokens and bytes to the deployment's counters (counts only:
+        never a prompt or a completion is kept); ``cross_region``: a gateway sends it on to
+        a client in another region (its bytes are data transfer)."""
+        counts = self._usage.setdefault(deployment, [0, 0, 0, 0])
+        counts[0] += max(0, input_tokens)
+        counts[1] += max(0, output_tokens)
+        counts[2] += max(0, response_bytes)
+        if cross_region:
+            counts[3] += max(0, response_bytes)
+
+    def usage(self, deployment: str) -> TokenCounters | None:
+        """The deployment's counters since this router started (None: it served nothing)."""
+        counts = self._usage.get(deployment)
+        if counts is None:
+            return None
+        return TokenCounters(
+            since=self.since,
+            input_tokens=counts[0],
+            output_tokens=counts[1],
+            response_bytes=counts[2],
+            cross_region_bytes=counts[3],
+        )
+
     def replica_in_flight(self, replica_id: str) -> int:
         backend = self.backends.get(replica_id)
         return backend.outstanding if backend is not None else 0
@@ -322,7 +351,8 @@ class Router:
         replicas = {
             rid: {"in_flight": b.outstanding, "state": b.state} for rid, b in self.backends.items()
         }
-        return {"deployments": deployments, "replicas": replicas}
+        usage = {name: u.model_dump() for name in self._usage if (u := self.usage(name))}
+        return {"deployments": deployments, "replicas": replicas, "usage": usage}
 
     def serving_backends(self) -> list[Backend]:
         """Replicas that answer now (ready or draining, not ejected)."""

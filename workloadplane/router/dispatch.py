@@ -18,17 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from workloadplane.router.core import Backend, DeploymentEntry, Router, Ticket
+from workloadplane.router.front import ClientGoneError
 from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.upstream import Abort, Response, UpstreamError
+
+__all__ = ["ClientGone", "ClientGoneError", "Dispatcher", "Exchange", "Forward"]
 
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 
 ClientGone = Callable[[], "asyncio.Future[Any]"]
 """Returns a future that completes when the client disconnects (started on first call)."""
-
-
-class ClientGoneError(Exception):
-    """The client went away while its request waited for a replica."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +45,7 @@ class Exchange:
 
     def __init__(self, router: Router, backend: Backend, ticket: Ticket, resp: Response) -> None:
         self.response = resp
+        self.replica_id = backend.replica_id
         self._router, self._backend, self._ticket = router, backend, ticket
 
     def close(self) -> None:

@@ -11,16 +11,22 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from workloadplane.router.load import RecentWindow
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80, 160)
 SIZE_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 
 class RouterMetrics:
-    def __init__(self, also: Sequence[CollectorRegistry] = ()) -> None:
+    def __init__(
+        self, also: Sequence[CollectorRegistry] = (), recent: RecentWindow | None = None
+    ) -> None:
         """``also``: registries served beside the router's own (the agent's process
-        metrics, when the router runs in the agent's process)."""
+        metrics, when the router runs in the agent's process); ``recent``: the rolling
+        window the plane's load reports read (median TTFT, service rate)."""
         self.also = tuple(also)
+        self.recent = recent or RecentWindow()
         r = self.registry = CollectorRegistry(auto_describe=True)
         d = ["deployment"]
         self.requests = Counter(
@@ -62,6 +68,18 @@ class RouterMetrics:
             "Generated tokens per second of each request",
             d,
             buckets=RATE_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "gpufleet_router_input_tokens",
+            "Prompt tokens of the requests answered (from the answers' usage)",
+            d,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "gpufleet_router_output_tokens",
+            "Generated tokens of the requests answered (usage, else the stream's chunks)",
+            d,
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -125,6 +143,8 @@ class DeploymentMetrics:
         self.ttft = m.ttft.labels(deployment)
         self.e2e = m.e2e.labels(deployment)
         self.tokens_per_s = m.tokens_per_s.labels(deployment)
+        self.input_tokens = m.input_tokens.labels(deployment)
+        self.output_tokens = m.output_tokens.labels(deployment)
         self.queue_wait = m.queue_wait.labels(deployment)
         self.queue_depth = m.queue_depth.labels(deployment)
 

@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from controlplane.contracts import TokenCounters
 from workloadplane.router.core import Clock, Router, RouterConfig
 from workloadplane.router.upstream import UpstreamError, UpstreamPool
 
@@ -50,6 +51,7 @@ class RemoteRouter(Router):
         self.stale_after_s = stale_after_s
         self._pool = UpstreamPool(host, port, max_idle=1)
         self._deployments: dict[str, tuple[int, int]] = {}
+        self._counters: dict[str, TokenCounters] = {}
         self._replicas: dict[str, _Seen] = {}
         self._at = float("-inf")
         self._unreachable = False
@@ -64,6 +66,9 @@ class RemoteRouter(Router):
             rid: _Seen(int(r["in_flight"]), str(r["state"]))
             for rid, r in report["replicas"].items()
         }
+        self._counters = {
+            name: TokenCounters.model_validate(u) for name, u in report.get("usage", {}).items()
+        }
         self._at = now
         for name, d in report["deployments"].items():
             if d.get("at_zero"):
@@ -75,6 +80,11 @@ class RemoteRouter(Router):
 
     def load(self, deployment: str) -> tuple[int, int]:
         return self._deployments.get(deployment, (0, 0)) if self.fresh else (0, 0)
+
+    def usage(self, deployment: str) -> TokenCounters | None:
+        """The router process's counters as last read (kept while it does not answer: they
+        are counters, the next report carries on from them)."""
+        return self._counters.get(deployment)
 
     def replica_in_flight(self, replica_id: str) -> int:
         if not self.fresh:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.contracts import (
     AutoscalingPolicy,
     DeploymentDesired,
+    NatsCredentials,
     ReplicaQuota,
     ReplicaStatus,
     RevisionSpec,
@@ -32,6 +34,8 @@ from workloadplane.router.core import Router, RouterConfig
 from workloadplane.router.dispatch import Dispatcher
 from workloadplane.router.follower import PlaneFollower
 from workloadplane.router.httpserver import HttpServer, Limits
+from workloadplane.router.load import RecentWindow
+from workloadplane.router.loadbus import LoadPublisher
 from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.prober import Prober
 
@@ -44,12 +48,15 @@ async def serve_router(
     also_metrics: Sequence[CollectorRegistry] = (),
     *,
     follower: PlaneFollower | None = None,
+    recent: RecentWindow | None = None,
+    publisher: LoadPublisher | None = None,
 ) -> None:
     """Serve ``router`` on ``host:port`` (and probe its replicas) until ``stop`` is set;
     ``/metrics`` serves ``also_metrics`` beside the router's own; with ``follower``, the
-    router is fed from the plane's state directory meanwhile."""
+    router is fed from the plane's state directory meanwhile; with ``publisher`` (reading
+    ``recent``, the window the app records into), the plane's load goes to the gateways."""
     config = router.config
-    metrics = RouterMetrics(also_metrics)
+    metrics = RouterMetrics(also_metrics, recent)
     prober = Prober(router, metrics)
     limits = Limits(
         max_body_bytes=config.max_body_bytes,
@@ -63,9 +70,13 @@ async def serve_router(
         following = asyncio.create_task(follower.run(), name="router-follow")
     await server.start(host, port)
     prober.start()
+    if publisher is not None:
+        publisher.start()
     try:
         await stop.wait()
     finally:
+        if publisher is not None:
+            await publisher.close()
         await server.close()
         await prober.close()
         if following is not None:
@@ -104,8 +115,52 @@ def static_fleet(
     return list(deployments.values()), statuses
 
 
+@dataclass(frozen=True)
+class LoadReports:
+    """Where the router publishes its plane's load for the gateways."""
+
+    cluster: str
+    nats_url: str
+    credentials: NatsCredentials | None
+    interval_s: float = 0.5
+
+
+def run_plane(
+    host: str,
+    port: int,
+    state_dir: Path,
+    config: RouterConfig,
+    reports: LoadReports | None = None,
+) -> None:
+    """Serve the plane whose agent keeps its state in ``state_dir`` until SIGTERM or SIGINT:
+    the replica table from the runtime's record, deployments from the last snapshot; with
+    ``reports``, publish the plane's load on NATS."""
+    router = Router(config)
+
+    async def run() -> None:
+        follower = PlaneFollower(router, state_dir)
+        recent = RecentWindow()
+        publisher = _publisher(router, recent, reports)
+        await serve_router(
+            router,
+            host,
+            port,
+            stop_on_signals(),
+            follower=follower,
+            recent=recent,
+            publisher=publisher,
+        )
+
+    run_fast(run())
+
+
 def run_static(
-    host: str, port: int, replicas: Sequence[str], concurrency: int, config: RouterConfig
+    host: str,
+    port: int,
+    replicas: Sequence[str],
+    concurrency: int,
+    config: RouterConfig,
+    reports: LoadReports | None = None,
 ) -> None:
     """Serve the ``name=url`` replicas until SIGTERM or SIGINT (uvloop when installed)."""
     router = Router(config)
@@ -114,24 +169,32 @@ def run_static(
     router.set_replicas(statuses)
 
     async def run() -> None:
-        await serve_router(router, host, port, _stop_on_signals())
+        recent = RecentWindow()
+        publisher = _publisher(router, recent, reports)
+        await serve_router(
+            router, host, port, stop_on_signals(), recent=recent, publisher=publisher
+        )
 
-    _run_fast(run())
-
-
-def run_plane(host: str, port: int, state_dir: Path, config: RouterConfig) -> None:
-    """Serve the plane whose agent keeps its state in ``state_dir`` until SIGTERM or SIGINT:
-    the replica table from the runtime's record, deployments from the last snapshot."""
-    router = Router(config)
-
-    async def run() -> None:
-        follower = PlaneFollower(router, state_dir)
-        await serve_router(router, host, port, _stop_on_signals(), follower=follower)
-
-    _run_fast(run())
+    run_fast(run())
 
 
-def _stop_on_signals() -> asyncio.Event:
+def _publisher(
+    router: Router, recent: RecentWindow, reports: LoadReports | None
+) -> LoadPublisher | None:
+    if reports is None:
+        return None
+    return LoadPublisher(
+        reports.cluster,
+        reports.nats_url,
+        reports.credentials,
+        router,
+        recent,
+        interval_s=reports.interval_s,
+        clock=router.clock,
+    )
+
+
+def stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -139,7 +202,7 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def _run_fast(main: Coroutine[Any, Any, None]) -> None:
+def run_fast(main: Coroutine[Any, Any, None]) -> None:
     try:
         import uvloop
     except ImportError:

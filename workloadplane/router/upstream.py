@@ -35,6 +35,13 @@ class UpstreamAborted(UpstreamError):
 Abort = Callable[[str], None]
 
 
+def host_port(endpoint: str) -> tuple[str, int]:
+    """``http://host:port/...`` → (host, port)."""
+    rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = rest.rpartition(":")
+    return (host or "127.0.0.1"), int(port or 80)
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -50,6 +57,7 @@ class _Connection(asyncio.Protocol):
         self._error: Exception | None = None
         self._got_bytes = False
         self._aborted: str | None = None  # aborted while still connecting
+        self._connecting: asyncio.Task[object] | None = None
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -107,9 +115,11 @@ class _Connection(asyncio.Protocol):
     def abort(self, reason: str) -> None:
         """Fail the exchange waiting for its head and close the connection (the replica
         sees the client go); no-op once the head came. Before ``begin`` (connecting), the
-        exchange fails as it begins."""
+        exchange fails at once (a silent host never completes the connect) or as it begins."""
         if self._head is None:
             self._aborted = reason
+            if self._connecting is not None:
+                self._connecting.cancel()
         elif not self._head.done():
             self._fail(UpstreamAborted(reason))
             self.close()
@@ -120,6 +130,23 @@ class _Connection(asyncio.Protocol):
         if self._head is not None and self._head.done() and not self._done and not self.closed:
             self._fail(UpstreamError(reason, before_first_byte=False))
             self.close()
+
+    async def connect(self, host: str, port: int, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._connecting = loop.create_task(loop.create_connection(lambda: self, host, port))
+        try:
+            await asyncio.wait_for(self._connecting, timeout)
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(
+                f"connect to {host}:{port} failed: {exc!r}", before_first_byte=True
+            ) from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._aborted is None or (task is not None and task.cancelling()):
+                raise  # our caller was cancelled, not the exchange aborted
+            raise UpstreamAborted(self._aborted) from None
+        finally:
+            self._connecting = None
 
     def begin(self, request: bytes) -> asyncio.Future[None]:
         assert self.transport is not None
@@ -201,18 +228,6 @@ class UpstreamPool:
         """New connections made so far (keep-alive works when this stays low)."""
         self._host_header = f"{host}:{port}".encode()
 
-    async def _connect(self, conn: _Connection, timeout: float) -> _Connection:
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: conn, self.host, self.port), timeout
-            )
-        except (OSError, TimeoutError) as exc:
-            raise UpstreamError(
-                f"connect to {self.host}:{self.port} failed: {exc!r}", before_first_byte=True
-            ) from exc
-        return conn
-
     def put_back(self, conn: _Connection) -> None:
         if len(self._idle) < self.max_idle:
             self._idle.append(conn)
@@ -261,7 +276,7 @@ class UpstreamPool:
         self.connections_opened += 1
         if on_abortable is not None:  # also while connecting: ejection must reach it
             on_abortable(conn.abort)
-        await self._connect(conn, connect_timeout)
+        await conn.connect(self.host, self.port, connect_timeout)
         return await self._exchange(conn, raw, head_timeout, on_abortable)
 
     async def _exchange(

@@ -22,6 +22,7 @@ INVENTORY_WRITE = {
     "clusters": OP,
     "deployments": OP,
     "tokens": A,
+    "api-prices": OP,
 }
 READ = {k: V for k in INVENTORY_WRITE} | {
     "tokens": A,
@@ -39,6 +40,7 @@ RULES: dict[tuple[str, str], str | None] = {
     ("GET", "/api/v1/placement"): V,
     ("POST", "/api/v1/placement/preview"): V,
     ("POST", "/api/v1/placement/replan"): OP,
+    ("GET", "/api/v1/costs"): V,
 }
 for kind, role in READ.items():
     RULES[("GET", f"/api/v1/{kind}")] = role

@@ -141,3 +141,49 @@ async def test_controlplane_consumer_restart_loses_nothing(bus: Bus, tmp_path: P
         assert received == sent
     finally:
         await agent_nc.close()
+
+
+class _FailsOnce(InMemorySink):
+    """PostgreSQL down for the first write: the consumer naks and the message comes back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    async def record_fact(self, cluster, fact, received_at):  # type: ignore[override]
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("database unavailable")
+        return await super().record_fact(cluster, fact, received_at)
+
+
+async def test_a_failed_write_is_redelivered_and_counted_and_delay_measured(bus: Bus):
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    fact_type = DesiredStateApplied(cluster="a", source="cluster/a", generation=1).type
+
+    before = {
+        "redelivered": sample("gpufleet_bus_redelivered_messages_total"),
+        "failures": sample("gpufleet_bus_sink_failures_total"),
+        "delays": sample("gpufleet_bus_report_delay_seconds_count", {"type": fact_type}),
+    }
+    sink = _FailsOnce()
+    consumer = ReportConsumer(bus.js, sink, durable="redelivery-test", redeliver_delay_s=0.1)
+    await consumer.start()
+    agent_nc = await bus.connect(bus.clusters["a"])
+    try:
+        fact = DesiredStateApplied(cluster="a", source="cluster/a", generation=7)
+        await agent_nc.jetstream().publish(f"gpufleet.v1.cluster.a.fact.{fact.type}", encode(fact))
+        await eventually(lambda: len(sink.facts) == 1, what="the fact, second delivery")
+        assert sample("gpufleet_bus_sink_failures_total") - before["failures"] == 1
+        assert sample("gpufleet_bus_redelivered_messages_total") - before["redelivered"] == 1
+        delays = sample("gpufleet_bus_report_delay_seconds_count", {"type": fact_type})
+        assert delays - before["delays"] == 1  # the first delivery's, not the retry's
+        progress = await consumer.progress()
+        assert sample("gpufleet_bus_pending_messages") == progress.pending == 0
+    finally:
+        await agent_nc.close()
+        await consumer.stop()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 
 from controlplane.local.ports import free_port_block
 from controlplane.local.postgres import EmbeddedPostgres
-from tests.integration.test_up import READY, Up, _naming, _wait_until
+from tests.integration.test_up import READY, Up, _wait_until
 
 CLUSTERS = ("euc1-a", "local-a", "use1-a")
 """The demo fleet's clusters; `up` serves cluster i's router on router_base + i."""
@@ -54,7 +52,7 @@ class Fleet:
     def agent_metrics(self, cluster: str) -> str:
         """Where the cluster's agent serves its own metrics (the routers are processes apart)."""
         return (
-            f"http://127.0.0.1:{self.ports['agent_metrics_base'] + CLUSTERS.index(cluster)}/metrics"
+            f"http://127.0.0.1:{self.ports['metrics_base'] + 10 + CLUSTERS.index(cluster)}/metrics"
         )
 
     def serving(self, deployment: str, timeout_s: float = 90) -> str:
@@ -78,11 +76,16 @@ class Fleet:
         return {m["id"] for m in answer.json()["data"]}
 
     def replica_pids(self, cluster: str) -> dict[str, int]:
-        """The replica processes the cluster's agent runs (its runtime's record)."""
+        """The replica processes the cluster's agent runs (its runtime's record); a replica
+        recorded before its process has started (no pid yet) is not running."""
         record = self.up.data_dir / "agents" / cluster / "runtime" / "replicas.json"
         if not record.exists():
             return {}
-        return {r["replica_id"]: int(r["pid"]) for r in json.loads(record.read_text())}
+        return {
+            r["replica_id"]: int(r["pid"])
+            for r in json.loads(record.read_text())
+            if r.get("pid") is not None
+        }
 
     def nats_credentials(self, who: str) -> dict[str, str]:
         """A party's NATS login from `up`'s secrets: "controlplane" or a cluster's name."""
@@ -96,10 +99,11 @@ class Fleet:
 
 @pytest.fixture(scope="package")
 def fleet() -> Iterator[Fleet]:
-    first = free_port_block(12)
+    first = free_port_block(40)
     names = ("api", "postgres", "nats", "redis", "router_base")
     ports = {name: first + i for i, name in enumerate(names)}
-    ports["agent_metrics_base"] = first + 9  # the PostgreSQL of the suite is at first + 8
+    ports["gateway_base"] = first + 12  # two gateways; the suite's PostgreSQL is at first + 8
+    ports["metrics_base"] = first + 20  # bus + 0, worker + 1, agent i + 10 + i
     root = Path(tempfile.mkdtemp(prefix="gpufleet-faults-"))
     postgres = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="gpufleet-faults-pg-")), first + 8)
     postgres.init()
@@ -121,16 +125,6 @@ def fleet() -> Iterator[Fleet]:
         up.wait_for(READY, 120)
         yield Fleet(up, postgres, ports)
     finally:
-        tree = up.processes() if up.proc.poll() is None else []
-        if up.proc.poll() is None:
-            up.proc.send_signal(signal.SIGINT)
-            try:
-                up.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                up.proc.kill()
-        for p in psutil.wait_procs(tree, timeout=10)[1]:
-            p.kill()
-        for p in _naming(data_dir):
-            p.kill()
+        up.stop()
         postgres.destroy()
         shutil.rmtree(root, ignore_errors=True)

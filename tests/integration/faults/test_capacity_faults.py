@@ -57,7 +57,7 @@ def test_a_dead_planes_deployment_goes_only_where_it_can_run_and_comes_back(flee
                 f"{DEPLOYMENT} served")  # fmt: skip
     home = min(_placed_on(fleet, DEPLOYMENT))
     print(f"{DEPLOYMENT} on {home}")
-    agent = fleet.child(f"--cluster {home}")
+    agent = fleet.child(f"agent --cluster {home}")
     os.killpg(agent.pid, signal.SIGSTOP)
     try:
         _wait_until(lambda: _state(fleet, home) == "down", 60, f"{home} to be declared down")

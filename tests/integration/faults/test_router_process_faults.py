@@ -39,7 +39,7 @@ def test_killing_an_agent_costs_nothing_in_flight(fleet: Fleet) -> None:
     reader = threading.Thread(target=stream)
     reader.start()
     _wait_until(lambda: len(chunks) >= 3 or not reader.is_alive(), 30, "the stream to flow")
-    agent = fleet.child(f"--cluster {cluster}")
+    agent = fleet.child(f"agent --cluster {cluster}")
     agent.send_signal(signal.SIGKILL)
     refused = 0
     for _ in range(50):  # 5 s of new connections while the agent is gone or restarting

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.bus import (
@@ -216,8 +216,9 @@ async def test_a_replica_that_cannot_start_is_placed_elsewhere_with_an_event_say
                           state="ready", pool="cheap-rsv")  # fmt: skip
     report = FreeCapacity(gpu_type="H100-80G", pool="cheap-rsv", gpus=0, total_gpus=16,
                           waiting_replicas={"qwen": 1})  # fmt: skip
+    applied = cluster(session_factory, "cheap").desired_generation  # what the plane runs
     heartbeat = ObservedState(cluster="cheap", source="cluster/cheap", replicas=[llama],
-                              free_capacity=[report])  # fmt: skip
+                              free_capacity=[report], observed_generation=applied)  # fmt: skip
     await sink.record_observed("cheap", heartbeat, datetime.now(UTC))
     assert replans == ["capacity"]
     (event,) = admin.get("events", type="CapacityReported").json()["items"]
@@ -230,3 +231,47 @@ async def test_a_replica_that_cannot_start_is_placed_elsewhere_with_an_event_say
     assert generation is not None and generation >= 2  # cheap is told to stop trying qwen
     await sink.record_observed("cheap", heartbeat, datetime.now(UTC))
     assert replans == ["capacity"]  # the same report again is no news
+
+
+async def test_a_plane_with_fewer_gpus_than_its_pools_settles_at_what_fits_and_stays(
+    fleet, session_factory, database_url, tmp_path: Path, monkeypatch
+):
+    """What `make up`'s demo once did (the dashboard test caught it): a plane of 8 GPUs on two
+    pools the inventory counts as 16 + 8, a deployment wanting three 8-GPU replicas. Its
+    waiting replica, reported against the plan that put all three there, was counted again
+    against the next plan (3 → 1 → 0 placed); the plane, given nothing, reported its 8 GPUs
+    without a pool, which was dropped, so the inventory counted again (0 → 3): a loop that
+    started and stopped the replica every ~25 s. Now it settles at what fits, and stays."""
+    with session_factory() as s, s.begin():
+        cheap = s.scalars(select(m.Cluster).where(m.Cluster.name == "cheap")).one()
+        cheap.pools.append(s.scalars(select(m.Pool).where(m.Pool.name == "dear-od")).one())
+        s.execute(update(m.Deployment).where(m.Deployment.name == "qwen").values(
+            autoscaling={"min_replicas": 3, "max_replicas": 3}))  # fmt: skip
+        s.execute(delete(m.Deployment).where(m.Deployment.name == "llama"))
+    async with planes(fleet, database_url, tmp_path, monkeypatch) as p:
+        runtime = p.start_agent("cheap")
+        await eventually(lambda: reported(session_factory, "cheap"), 15, "cheap reports")
+        history = []
+        for _ in range(12):  # placement looks again after every report, as the bus asks it to
+            replan_now(session_factory, "capacity")
+            history.append(on_cheap(session_factory))
+            await eventually(lambda: caught_up(session_factory), 15, "cheap applies the plan")
+        assert history[-6:] == [1] * 6, history  # one 8-GPU replica fits; it stays placed
+        assert await ready(runtime) == ["qwen"]
+
+
+def caught_up(factory: sessionmaker[Session]) -> bool:
+    """cheap's plane reported (capacity included) from the plan it was last given."""
+    row = cluster(factory, "cheap")
+    plans = [cap.plan for cap in cluster_status(row).capacity.values()]
+    return bool(plans) and all(
+        plan is not None and plan >= (row.desired_epoch, row.desired_generation) for plan in plans
+    )
+
+
+def on_cheap(factory: sessionmaker[Session]) -> int:
+    with factory() as s:
+        return int(s.scalar(
+            select(func.coalesce(func.sum(m.Placement.replicas), 0))
+            .join(m.Cluster, m.Placement.cluster_id == m.Cluster.id)
+            .where(m.Cluster.name == "cheap")) or 0)  # fmt: skip

@@ -6,8 +6,10 @@ from pathlib import Path
 
 from controlplane.bus import (
     cluster_permissions,
+    gateway_permissions,
     generate_cluster_credentials,
     generate_controlplane_credentials,
+    generate_gateway_credentials,
     render_server_config,
     write_server_config,
 )
@@ -46,3 +48,30 @@ def test_rendered_config_is_valid_for_nats_server(tmp_path: Path):
     assert "port: 4333" in text
     assert '"cluster-edge-1"' in text
     assert text.count('password: "$2a$10$') == 4  # only bcrypt hashes, never a password
+
+
+def test_gateway_permissions_are_read_only():
+    creds = generate_gateway_credentials("edge-eu")
+    assert creds.user == "gateway-edge-eu" and creds.inbox_prefix == "_INBOX_gateway-edge-eu"
+    perms = gateway_permissions("edge-eu")
+    # only the routes key's consumer create and direct get: no report subject, no KV write
+    assert all(s.startswith("$JS.API.") and "KV_gpufleet_v1_routes" in s for s in perms.publish)
+    assert all(s.endswith("$KV.gpufleet_v1_routes.table") for s in perms.publish)
+    assert perms.subscribe == ("gpufleet.v1.cluster.*.load", "_INBOX_gateway-edge-eu.>")
+
+
+def test_rendered_config_with_gateways_is_valid_for_nats_server(tmp_path: Path):
+    gateway = generate_gateway_credentials("edge-1")
+    text = render_server_config(
+        controlplane=generate_controlplane_credentials(),
+        clusters={"a": generate_cluster_credentials("a")},
+        gateways={"edge-1": gateway},
+        store_dir=tmp_path / "js",
+    )
+    path = write_server_config(tmp_path / "nats.conf", text)
+    check = subprocess.run(
+        [nats_server_binary(), "-c", str(path), "-t"], capture_output=True, text=True, timeout=10
+    )
+    assert check.returncode == 0, check.stderr
+    assert '"gateway-edge-1"' in text and gateway.password not in text
+    assert text.count('password: "$2a$10$') == 3

@@ -102,3 +102,20 @@ def test_problem_line_keeps_the_detail_and_drops_the_kind_prefix() -> None:
     response = httpx.Response(422, json=body)
     assert problem_line(response) == "gpus: Input should be greater than or equal to 0"
     assert problem_line(httpx.Response(502, text="bad gateway")) == "HTTP 502 Bad Gateway"
+
+
+def test_wide_deployments_show_the_failover_and_the_warm_standby() -> None:
+    from rich.console import Console
+
+    passive = {
+        "name": "chat",
+        "failover": {"mode": "active_passive", "standby_cluster": "usw2-a"},
+        "status": {"placement": {"standby_replicas": 1}},
+    }
+    view = View(NOW, {})
+    console = Console(width=300, record=True)
+    console.print(table(resolve_kind("deployments"), [passive, {"name": "b"}], view, wide=True))
+    lines = console.export_text().splitlines()
+    assert "FAILOVER" in lines[0]
+    assert lines[1].rstrip().endswith("active_passive→usw2-a (1 warm)")
+    assert lines[2].rstrip().endswith("active_active")

@@ -56,7 +56,15 @@ def test_the_busy_port_hint_names_every_port_setting(monkeypatch: pytest.MonkeyP
         up.check_ports({"api": 8080, "router 1": 8101})
     message = str(busy.value)
     assert "router 1 port 8101" in message
-    for setting in ("API", "POSTGRES", "NATS", "REDIS", "ROUTER_BASE"):
+    for setting in (
+        "API",
+        "POSTGRES",
+        "NATS",
+        "REDIS",
+        "ROUTER_BASE",
+        "GATEWAY_BASE",
+        "METRICS_BASE",
+    ):
         assert f"GPUFLEET_{setting}_PORT" in message
 
 
@@ -75,3 +83,40 @@ def test_beat_does_not_log_every_due_task_and_the_worker_not_every_run():
 
 def test_the_dashboard_port_setting_is_gone_until_there_is_a_dashboard():
     assert "dashboard_port" not in Settings.model_fields
+
+
+def test_up_runs_two_gateways_and_the_routers_publish_their_load(tmp_path, monkeypatch):
+    from controlplane.local.gateways import GATEWAYS
+
+    monkeypatch.delenv("GPUFLEET_GATEWAY_BASE_PORT", raising=False)
+    settings = Settings(data_dir=tmp_path)
+    creds = tmp_path / "cluster-a.json"
+    children = up.processes(settings, {"a": creds}, [(g, tmp_path / g.name) for g in GATEWAYS])
+    router = next(c for c in children if c.name == "router-a")
+    assert router.argv[-4:] == ["--cluster", "a", "--credentials-file", str(creds)]
+    gateways = [c for c in children if c.name.startswith("gateway-")]
+    assert [g.port for g in gateways] == [
+        settings.router_base_port + 10,
+        settings.router_base_port + 11,
+    ]
+    assert {g.argv[g.argv.index("--region") + 1] for g in gateways} == {
+        "aws-us-east-1",
+        "aws-eu-central-1",
+    }
+    said = up.gateway_lines(settings)
+    assert len(said) == 2 and f":{settings.router_base_port + 10}/v1" in said[0]
+
+
+def test_the_gateway_port_and_urls_are_settings(tmp_path, monkeypatch):
+    from controlplane.local.gateways import gateway_base_port
+
+    monkeypatch.setenv("GPUFLEET_GATEWAY_BASE_PORT", "9200")
+    monkeypatch.setenv(
+        "GPUFLEET_GATEWAY_URLS",
+        '{"use1": {"url": "http://127.0.0.1:9200", "region": "aws-us-east-1"}}',
+    )
+    settings = Settings(data_dir=tmp_path)
+    assert gateway_base_port(settings) == 9200
+    assert settings.gateway_urls["use1"].region == "aws-us-east-1"
+    monkeypatch.delenv("GPUFLEET_GATEWAY_BASE_PORT")
+    assert gateway_base_port(Settings(data_dir=tmp_path)) == settings.router_base_port + 10

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from controlplane import placement as engine
-from controlplane.services.capacity import running_share, usable_gpus
+from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
 from controlplane.services.placement import planned_demand
 from controlplane.status import PoolCapacity
 
@@ -57,3 +57,22 @@ def test_demand_within_the_deadband_keeps_what_is_placed():
     assert planned_demand(23, 20) == 23 and planned_demand(17, 20) == 17
     assert planned_demand(3, 2) == 3  # below ten replicas any change counts
     assert planned_demand(3, None) == 3 and planned_demand(3, 0) == 3
+
+
+class _Cluster:
+    """The fields of a cluster row that `reported_capacity` reads."""
+
+    def __init__(self, generation: int, cap: PoolCapacity) -> None:
+        self.state, self.desired_epoch, self.desired_generation = "healthy", 0, generation
+        self.status = {"capacity": {"rsv": cap.model_dump(mode="json")}}
+
+
+def test_replicas_waiting_under_an_older_plan_are_not_counted_against_the_new_one():
+    """The plane counted one waiting replica of 3 at generation 4; generation 5 already
+    moved it away. Counted again, it would cut the new plan's 2 to 1, then to 0 (flapping)."""
+    waited = report(8, qwen=1).model_copy(update={"plan": (0, 4)})
+    older = reported_capacity({"use1": _Cluster(5, waited)})  # type: ignore[dict-item]
+    assert older["rsv"]["use1"].waiting_replicas == {}
+    assert older["rsv"]["use1"].total_gpus == 8  # the plane's size still bounds the pool
+    same = reported_capacity({"use1": _Cluster(4, waited)})  # type: ignore[dict-item]
+    assert same["rsv"]["use1"].waiting_replicas == {"qwen": 1}

@@ -104,3 +104,31 @@ async def test_heartbeat_reports_generation_replicas_and_demand(tmp_path: Path):
     assert len(beat.replicas) == 1
     assert beat.deployments[0].demand == 7
     assert beat.time == NOW
+
+
+def _replicas_metric(deployment: str, state: str) -> float | None:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(
+        "gpufleet_agent_replicas", {"deployment": deployment, "state": state}
+    )
+
+
+async def test_the_replicas_gauge_follows_the_listing_and_forgets_a_deleted_deployment(
+    tmp_path: Path,
+):
+    runtime = RecordingRuntime()
+    agent, _ = make_agent(tmp_path, runtime)
+    dep = make_deployment("gauge-only", min_=2)  # no other agent in this process serves it
+    await agent.on_desired(make_desired(1, dep))
+    await agent.reconcile_once()  # starts two
+    await agent.reconcile_once()  # lists them
+    assert _replicas_metric(dep.name, "starting") == 2
+    runtime.make_ready()
+    await agent.reconcile_once()
+    assert _replicas_metric(dep.name, "ready") == 2
+    assert _replicas_metric(dep.name, "starting") is None  # emptied: gone, not a stale 2
+    for replica_id in list(runtime.replicas):
+        await runtime.stop(replica_id)
+    await agent.reconcile_once()
+    assert _replicas_metric(dep.name, "ready") is None

@@ -240,3 +240,15 @@ async def test_a_rollout_is_left_to_reconcile(tmp_path: Path):
     await tick(agent, clock, 30)  # well past the window and the scale-down delay
     assert agent.wanted["chat"] == 2
     assert not [call for call, _ in runtime.calls if call in ("drain", "stop")]
+
+
+async def test_the_heartbeat_carries_the_routers_token_counters(tmp_path: Path):
+    agent, runtime, _, _ = await make_plane(tmp_path, make_deployment(min_=1, max_=1))
+    await settle(agent, runtime)
+    router = agent.router
+    assert router is not None
+    assert (await agent.observed_state()).deployments[0].usage is None
+    router.count_usage("chat", 100, 40, 2048)
+    usage = (await agent.observed_state()).deployments[0].usage
+    assert usage is not None and usage.since == router.since
+    assert (usage.input_tokens, usage.output_tokens, usage.response_bytes) == (100, 40, 2048)

@@ -1,10 +1,12 @@
 """The router's HTTP/1.1 server and upstream client, on loopback sockets: one write per small
-response, SSE heads out at once, pipelining in order, keep-alive reused, aborts without tasks."""
+response, SSE heads out at once, pipelining in order, keep-alive reused, aborts (also of a
+connect a silent host never answers)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -148,6 +150,32 @@ async def test_abort_fails_the_exchange_even_while_connecting():
         await pool.request("POST", "/x", body=b"{}", head_timeout=0.05)
     pool.close()
     hung.close()
+
+
+async def test_abort_ends_a_connect_that_a_silent_host_never_answers():
+    """A cut network loses the SYN (here the kernel drops it: the listener's accept queue
+    is full), so the connect would last its whole timeout; an abort ends it at once. A
+    caller cancelled while connecting is cancelled, not aborted."""
+    silent = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = silent.getsockname()[1]
+    queued = socket.create_connection(("127.0.0.1", port))  # fills the accept queue
+    pool = UpstreamPool("127.0.0.1", port)
+    aborts: list = []
+    request = asyncio.ensure_future(pool.request("POST", "/x", body=b"{}", connect_timeout=10,
+                                                 on_abortable=aborts.append))  # fmt: skip
+    await asyncio.sleep(0.05)
+    aborts[-1]("ejected while connecting")
+    async with asyncio.timeout(1):
+        with pytest.raises(UpstreamAborted, match="connecting"):
+            await request
+    cancelled = asyncio.ensure_future(pool.request("GET", "/x", connect_timeout=10))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    pool.close()
+    queued.close()
+    silent.close()
 
 
 async def test_an_upgrade_request_is_answered_in_http11_then_closed():

@@ -143,3 +143,18 @@ def test_a_deployment_dropped_from_the_snapshot_goes_once_its_last_replica_has(t
     follower.poll()
     follower.poll()
     assert router.model_ids() == []
+
+
+def test_token_counters_cross_the_boundary_and_name_the_routers_start():
+    router = Router()
+    router.count_usage("chat", 120, 30, 900)
+    router.count_usage("chat", 80, 20, 600)
+    assert router.usage("code") is None
+    remote = RemoteRouter("127.0.0.1", 1)
+    remote.apply_report(json.loads(json.dumps(router.load_report())), remote.clock())
+    usage = remote.usage("chat")
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens, usage.response_bytes) == (200, 50, 1500)
+    assert usage.since == router.since != Router().since  # a restarted router: a new `since`
+    remote.apply_report(report(a=(0, "ready")), remote.clock())  # an older router's report
+    assert remote.usage("chat") is None

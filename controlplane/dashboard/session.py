@@ -1,0 +1,100 @@
+"""Dashboard sessions: an API token exchanged for a cookie, and the CSRF value bound to it.
+
+The cookie carries the token itself (HttpOnly, SameSite=Strict, Secure behind TLS), so every
+request is checked by the API's own verifier: a disabled or deleted token ends its sessions
+within the verifier's cache time. The CSRF value is an HMAC of the token's hash, so it is
+known only to a page the session rendered; every write must send it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from controlplane.api.auth import RANK, Principal, TokenVerifier
+from controlplane.errors import BadRequest, ControlPlaneError, Forbidden
+from controlplane.services.inventory import hash_token
+from controlplane.specs import Role
+
+COOKIE = "gpufleet_session"
+MAX_FORM_FIELDS = 50
+
+
+def csrf_for(token: str) -> str:
+    """The CSRF value of a session: derived from the token, never the token itself."""
+    return hmac.new(
+        hash_token(token).encode(), b"gpufleet-dashboard-csrf", hashlib.sha256
+    ).hexdigest()
+
+
+def session_token(request: Request) -> str | None:
+    return request.cookies.get(COOKIE) or None
+
+
+def principal_of(request: Request) -> Principal | None:
+    """Who the session's cookie speaks for; None without a valid one."""
+    token = session_token(request)
+    if not token:
+        return None
+    verifier: TokenVerifier = request.app.state.verifier
+    try:
+        principal = verifier.verify(f"Bearer {token}")
+    except ControlPlaneError:
+        return None
+    request.state.principal = principal
+    return principal
+
+
+def can(principal: Principal, role: Role) -> bool:
+    return RANK[principal.role] >= RANK[role]
+
+
+def set_session(response: Response, request: Request, token: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
+        path="/",
+    )
+
+
+def end_session(response: Response) -> None:
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """A urlencoded form (the body limit bounds it), first value per field."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    fields = parse_qsl(body, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    form: dict[str, str] = {}
+    for key, value in fields:
+        form.setdefault(key, value)
+    return form
+
+
+def check_write(request: Request, principal: Principal, role: Role, sent: str | None) -> None:
+    """Every write: the session's CSRF value, the same origin, and the role it needs."""
+    token = session_token(request) or ""
+    if not sent or not hmac.compare_digest(sent, csrf_for(token)):
+        raise Forbidden("the form's CSRF value is missing or stale; reload the page and retry")
+    origin = request.headers.get("origin")
+    if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise Forbidden(f"a write from another origin ({origin}) is refused")
+    if not can(principal, role):
+        raise Forbidden(
+            f"this needs the {role.value} role; token '{principal.name}' is "
+            f"{principal.role.value}. Ask an admin for a token with role {role.value}"
+        )
+
+
+def integer(form: dict[str, str], name: str, low: int = 0, high: int = 1_000_000) -> int:
+    raw = form.get(name, "").strip()
+    if not raw.lstrip("-").isdigit() or not low <= int(raw) <= high:
+        raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {raw!r}")
+    return int(raw)

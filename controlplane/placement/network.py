@@ -1,0 +1,263 @@
+"""Quotas for many classes: a min-cost flow in GPUs (OR-Tools' compiled solver).
+
+Above MAX_CLASSES classes the class x pool LP through HiGHS's general simplex takes
+seconds. Without the whole-replica coupling of a pool's replica sizes the problem is a
+network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by OR-Tools'
+SimpleMinCostFlow. Flow in GPUs:
+
+  class c (supply size_c * demand_c)
+    -> [its spot node: size_c * spot budget]      (on the way to spot pools only)
+    -> [its (provider) and (region) nodes: size_c * spread cap]   (if it asks for 2+)
+    -> hub (size_c, pool group g)    unit cost: c's location cost in g
+    -> pool p of g                   unit cost: p's own cost, cap size * floor(free_p/size)
+    -> sink                          cap free_p
+  class c -> sink                    unplaced, unit cost: the class's priority penalty
+
+A pool group holds the pools that every class sees alike: the same admissibility, spot,
+provider and region, so that cost[c, p] = unit[p] + location[c, g] (the caller's `unit`,
+the marginal price; the engine's cost rows are built that way and this is checked: a pool
+that breaks it is a group of its own). The hubs make this exact with C x G + sizes x P
+arcs instead of C x P (1,730 classes x 2,000 pools: ~200k arcs instead of ~575k).
+
+Whole replicas: within a hub every class pays the same for every pool, so the hub's GPU
+flow is cut into whole replicas per pool (floor; one more where the pool still has the
+room), and these replica slots go to the hub's classes by their flow (floor, then the
+largest remainders while a class has demand and spot budget left), cheapest pools first.
+Only a pool's mix of sizes loses GPUs to rounding, at most size - 1 per (pool, size);
+the fill, the second pass and repair place that.
+The spread nodes assume a region lies within one provider (as region names do here).
+Deterministic: the solver is exact and single-threaded; ties are broken by index.
+Returns None when OR-Tools is missing or the solver fails; the caller falls back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controlplane.placement import transport
+
+COST_SCALE = 10_000  # integer unit costs: 1e-4 $/GPU-hour
+SIZE_TIE = 0.001  # unplaced penalty x (1 + SIZE_TIE x size): a tie-break among equal GPUs
+
+
+def _int_costs(cost: np.ndarray) -> np.ndarray:
+    return np.round(cost * COST_SCALE).astype(np.int64)
+
+
+def pool_groups(pr: transport.Problem, region: np.ndarray) -> np.ndarray:
+    """Group of each pool: pools every class sees alike (admissibility, spot, spread groups
+    and region), numbered by their first pool."""
+    finite = np.isfinite(pr.cost)
+    weights = np.sqrt(np.arange(2, finite.shape[0] + 2, dtype=float))  # a column fingerprint
+    key = np.stack(
+        [weights @ finite, pr.is_spot.astype(float), region.astype(float)]
+        + [sp.group.astype(float) for sp in pr.spread]
+    )
+    _, first, group = np.unique(key, axis=1, return_index=True, return_inverse=True)
+    group = group.ravel()
+    alike = (finite == finite[:, first[group]]).all(axis=0)  # no fingerprint collision
+    group = np.where(alike, group, len(first) + np.arange(len(group)))
+    _, first, group = np.unique(group, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))  # number groups by their first pool
+    return rank[group.ravel()]
+
+
+def _min_cost_flow(n_nodes, tail, head, cap, cost, supply) -> np.ndarray | None:
+    """Optimal integral flow per arc (LEMON's network simplex), or None."""
+    try:
+        from pylmcf.pylmcf_cpp import CGraph
+    except ImportError:  # pragma: no cover - pylmcf is a dependency
+        return None
+    order = np.lexsort((head, tail))  # the solver takes arcs sorted by (tail, head)
+    graph = CGraph(n_nodes, tail[order].astype(np.int32), head[order].astype(np.int32))
+    graph.set_node_supply(supply)
+    graph.set_edge_capacities(cap[order])
+    graph.set_edge_costs(cost[order])
+    try:
+        graph.solve()
+    except RuntimeError:  # infeasible or unbounded: cannot happen with the unplaced arcs
+        return None
+    flow = np.empty(len(tail), dtype=np.int64)
+    flow[order] = graph.result()
+    return flow
+
+
+class _Arcs:
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.n = 0
+
+    def add(self, tail, head, cap, cost) -> int:
+        """Append arcs (broadcast to tail's shape); returns the index of the first."""
+        tail = np.asarray(tail, dtype=np.int64)
+        parts = tuple(
+            np.broadcast_to(np.asarray(a, dtype=np.int64), tail.shape).copy()
+            for a in (head, cap, cost)
+        )
+        self.parts.append((tail, *parts))
+        first = self.n
+        self.n += len(tail)
+        return first
+
+    def arrays(self) -> list[np.ndarray]:
+        return [np.concatenate([p[i] for p in self.parts]) for i in range(4)]
+
+
+def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.ndarray | None:
+    """Replica quotas C x P (whole, within free capacity and spot budgets).
+
+    Precondition: cost[c, p] - unit[p] depends only on c and region[p] (the engine's cost
+    rows are the marginal price plus a latency term per region)."""
+    n_c, n_p = pr.cost.shape
+    quotas = np.zeros((n_c, n_p), dtype=np.int64)
+    sizes = pr.sizes.astype(np.int64)
+    demand = np.maximum(pr.demand, 0).astype(np.int64)
+    free = np.maximum(pr.free, 0).astype(np.int64)
+    finite = np.isfinite(pr.cost)
+    group = pool_groups(pr, region)
+    n_g = int(group.max()) + 1 if n_p else 0
+    rep = np.zeros(n_g, dtype=np.int64)
+    rep[group[::-1]] = np.arange(n_p)[::-1]  # first pool of each group
+    size_values, size_of = np.unique(sizes, return_inverse=True)
+    size_of = size_of.ravel()
+    # replicas of each size each group can take; class x group pairs that may be used
+    slots = free[None, :] // size_values[:, None]  # S x P
+    g_slots = np.stack([np.bincount(group, weights=s, minlength=n_g) for s in slots])
+    g_room = np.where(finite[:, rep], g_slots[size_of], 0)  # C x G replicas
+    spot_g = pr.is_spot[rep]
+    g_room = np.where(spot_g[None, :], np.minimum(g_room, pr.spot_cap[:, None]), g_room)
+    g_room = np.minimum(g_room, demand[:, None]).astype(np.int64)
+    cs, gs = np.nonzero(g_room > 0)
+    if not len(cs):
+        return quotas
+
+    sink = n_c + n_p
+    n_nodes = sink + 1
+    arcs = _Arcs()
+    start = cs.copy()  # where each class -> hub arc starts
+    spot = spot_g[gs]
+    spot_classes = np.unique(cs[spot])
+    if len(spot_classes):
+        spot_node = np.full(n_c, -1, dtype=np.int64)
+        spot_node[spot_classes] = n_nodes + np.arange(len(spot_classes))
+        n_nodes += len(spot_classes)
+        budget = np.minimum(pr.spot_cap[spot_classes], demand[spot_classes])
+        arcs.add(spot_classes, spot_node[spot_classes], sizes[spot_classes] * budget, 0)
+        start[spot] = spot_node[cs[spot]]
+    for sp in pr.spread:  # providers first, then regions (which lie within one)
+        on = np.flatnonzero(~spot & np.isfinite(sp.cap[cs, sp.group[rep[gs]]]))
+        if not len(on):
+            continue
+        width = int(sp.group.max()) + 1
+        pair = cs[on] * width + sp.group[rep[gs[on]]]
+        _, first, which = np.unique(pair, return_index=True, return_inverse=True)
+        node = n_nodes + np.arange(len(first))
+        n_nodes += len(first)
+        kc, kg = cs[on[first]], sp.group[rep[gs[on[first]]]]
+        cap = np.maximum(sp.cap[kc, kg], 0).astype(np.int64)
+        arcs.add(start[on[first]], node, sizes[kc] * cap, 0)
+        start[on] = node[which.ravel()]
+    # hubs: one per (size, group) that some class uses
+    hub_key = size_of[cs] * n_g + gs
+    hubs, hub_of = np.unique(hub_key, return_inverse=True)
+    hub_of = hub_of.ravel()
+    hub_node = n_nodes + np.arange(len(hubs))
+    n_nodes += len(hubs)
+    location = _int_costs(pr.cost[cs, rep[gs]] - unit[rep[gs]])
+    in_arc0 = arcs.add(start, hub_node[hub_of], sizes[cs] * g_room[cs, gs], location)
+    # hub -> each of its group's pools with room for one replica of its size
+    hub_s, hub_g = hubs // n_g, hubs % n_g
+    by_group = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[by_group], np.arange(n_g + 1))
+    h_list, p_list = [], []
+    for h, (s, g) in enumerate(zip(hub_s, hub_g, strict=True)):
+        ps = by_group[bounds[g] : bounds[g + 1]]
+        ps = ps[slots[s, ps] > 0]
+        h_list.append(np.full(len(ps), h))
+        p_list.append(ps)
+    out_h, out_p = np.concatenate(h_list), np.concatenate(p_list)
+    out_s = size_values[hub_s[out_h]]
+    out_arc0 = arcs.add(
+        hub_node[out_h], n_c + out_p, out_s * slots[hub_s[out_h], out_p], _int_costs(unit[out_p])
+    )
+    supply = sizes * demand
+    # a GPU of a bigger replica left unplaced costs a little more: a fraction of a big
+    # replica left over loses the whole replica in the rounding, a small one loses less
+    penalty = transport._penalties(pr) * (1.0 + SIZE_TIE * sizes)
+    arcs.add(np.arange(n_c), sink, supply, _int_costs(penalty))
+    arcs.add(n_c + np.arange(n_p), sink, free, 0)
+
+    tail, head, cap, cost = arcs.arrays()
+    supplies = np.zeros(n_nodes, dtype=np.int64)
+    supplies[:n_c] = supply
+    supplies[sink] = -int(supply.sum())
+    f = _min_cost_flow(n_nodes, tail, head, cap, cost, supplies)
+    if f is None:
+        return None
+    f_in = f[in_arc0 : in_arc0 + len(cs)]
+    f_out = f[out_arc0 : out_arc0 + len(out_h)]
+    _whole_replicas(pr, quotas, free, (cs, hub_of, f_in), (out_h, out_p, out_s, f_out), unit)
+    return quotas
+
+
+def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
+    """Cut each hub's GPU flow into whole replicas per pool and hand them to its classes."""
+    cs, hub_of, f_in = into
+    out_h, out_p, out_s, f_out = out
+    sizes = pr.sizes.astype(np.int64)
+    # replica slots per (hub, pool): floor, then one more where the pool has the room
+    r = f_out // out_s
+    left = free.copy()
+    np.subtract.at(left, out_p, r * out_s)
+    frac = f_out - r * out_s
+    for k in np.lexsort((np.arange(len(frac)), -frac)):
+        if frac[k] == 0:
+            break
+        if left[out_p[k]] >= out_s[k]:
+            r[k] += 1
+            left[out_p[k]] -= out_s[k]
+    # each class's replicas per hub: floor of its flow, then the largest remainders
+    want = f_in // sizes[cs]
+    rest = f_in - want * sizes[cs]
+    n_hubs = int(hub_of.max()) + 1
+    extra = np.bincount(out_h, weights=r, minlength=n_hubs).astype(np.int64)
+    extra -= np.bincount(hub_of, weights=want, minlength=n_hubs).astype(np.int64)
+    missing = np.maximum(pr.demand, 0) - np.bincount(cs, weights=want, minlength=len(sizes))
+    spot_left = pr.spot_cap.astype(np.int64).copy()
+    hub_spot = np.zeros(n_hubs, dtype=bool)
+    hub_spot[out_h] = pr.is_spot[out_p]
+    np.subtract.at(spot_left, cs[hub_spot[hub_of]], want[hub_spot[hub_of]])
+    for k in np.lexsort((np.arange(len(rest)), -rest)):
+        if rest[k] == 0:
+            break
+        h, c = hub_of[k], cs[k]
+        if extra[h] > 0 and missing[c] > 0 and (not hub_spot[h] or spot_left[c] > 0):
+            want[k] += 1
+            extra[h] -= 1
+            missing[c] -= 1
+            spot_left[c] -= int(hub_spot[h])
+    # lay the classes' replicas into the hub's pools, cheapest pools first
+    with_room = np.flatnonzero(r > 0)
+    pools_by_hub = with_room[
+        np.lexsort((out_p[with_room], unit[out_p[with_room]], out_h[with_room]))
+    ]
+    wanting = np.flatnonzero(want > 0)
+    classes_by_hub = wanting[
+        np.lexsort((cs[wanting], -pr.priority_rank[cs[wanting]], hub_of[wanting]))
+    ]
+    pi = np.searchsorted(out_h[pools_by_hub], np.arange(n_hubs + 1))
+    ci = np.searchsorted(hub_of[classes_by_hub], np.arange(n_hubs + 1))
+    for h in np.flatnonzero((np.diff(pi) > 0) & (np.diff(ci) > 0)):
+        pk = pools_by_hub[pi[h] : pi[h + 1]]
+        room = r[pk].copy()
+        j = 0
+        for k in classes_by_hub[ci[h] : ci[h + 1]]:
+            need = int(want[k])
+            while need > 0 and j < len(pk):
+                take = min(need, int(room[j]))
+                if take:
+                    quotas[cs[k], out_p[pk[j]]] += take
+                    room[j] -= take
+                    need -= take
+                if room[j] == 0:
+                    j += 1

@@ -1,0 +1,197 @@
+"""Rollout decisions, pure: where a canary or blue-green rollout goes next, from what the
+two revisions measured over the same window. No I/O, no clock: callers pass ``now``.
+
+Issue 18's core (docs/rollouts.md). What is built: the decisions and their tests. What is
+not built yet: the rollout record in PostgreSQL, the task that calls ``decide`` on a timer,
+the revision weights in the desired state and the routing table (``PlaneRoute.revision_weights``
+exists, nothing sets it), the routers' split, the API/CLI commands.
+
+Canary, step by step (default 5 % → 25 % → 50 % → 100 %):
+
+1. **Pre-scale.** Before traffic moves to a step's share, the new revision must have the
+   ready replicas that share needs (``replicas_for``): users do not wait for the autoscaler.
+2. **Hold** ``hold_s`` at the step; then the **gates** compare the new revision with the
+   stable one over the same window: error rate (5xx and engine errors), p99 TTFT and p99
+   end-to-end latency. A gate needs ``min_requests`` on each side before it may pass; a
+   failed gate rolls back at once (a clear failure needs no minimum sample beyond it).
+3. Passing the last step **promotes**: the stable revision is drained.
+
+The shares split the deployment's replicas (``split``): the stable revision shrinks as the
+canary grows, so a canary never doubles the GPUs (blue-green does, by design, for its
+keep window). Commands — pause, resume, promote, rollback — are transitions too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    SCALING = "scaling"  # waiting for the new revision's ready replicas for the next share
+    HOLDING = "holding"  # at a step, gathering the window the gates judge
+    PAUSED = "paused"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+
+
+DONE = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK})
+
+
+@dataclass(frozen=True)
+class Gates:
+    min_requests: int = 100
+    """On each side, before a gate may pass (it may fail earlier)."""
+    max_error_rate_increase: float = 0.01
+    """The new revision's error rate may exceed the stable one's by this much (absolute)."""
+    max_p99_ttft_ratio: float = 1.5
+    max_p99_e2e_ratio: float = 1.5
+
+
+@dataclass(frozen=True)
+class CanaryPolicy:
+    steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
+    hold_s: float = 300.0
+    gates: Gates = Gates()
+
+
+@dataclass(frozen=True)
+class Window:
+    """One revision's traffic over the window the gates judge."""
+
+    requests: int
+    errors: int
+    p99_ttft_s: float
+    p99_e2e_s: float
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool | None
+    """True: every gate passed; False: one failed (``reason`` says which); None: not enough
+    traffic yet to pass."""
+    reason: str
+
+
+def judge(new: Window, stable: Window, gates: Gates) -> Verdict:
+    """The gates on the same window. A failure is reported as soon as it is certain beyond
+    noise the minimum sample would remove: the new revision's errors alone exceed what the
+    gate allows for the whole minimum sample."""
+    allowed = stable.error_rate + gates.max_error_rate_increase
+    if new.requests >= gates.min_requests and new.error_rate > allowed:
+        return Verdict(False, f"error rate {new.error_rate:.1%} > {allowed:.1%} (stable + "
+                       f"{gates.max_error_rate_increase:.1%})")  # fmt: skip
+    if new.errors > allowed * max(new.requests, gates.min_requests):
+        return Verdict(False, f"{new.errors} errors in {new.requests} requests: over "
+                       f"{allowed:.1%} whatever the rest do")  # fmt: skip
+    if new.requests < gates.min_requests or stable.requests < gates.min_requests:
+        return Verdict(None, f"waiting for {gates.min_requests} requests on each revision "
+                       f"({new.requests} new, {stable.requests} stable)")  # fmt: skip
+    for name, mine, theirs, ratio in (
+        ("p99 TTFT", new.p99_ttft_s, stable.p99_ttft_s, gates.max_p99_ttft_ratio),
+        ("p99 end-to-end", new.p99_e2e_s, stable.p99_e2e_s, gates.max_p99_e2e_ratio),
+    ):
+        if theirs > 0 and mine > theirs * ratio:
+            return Verdict(False, f"{name} {mine:.3f}s > {ratio:g} x stable {theirs:.3f}s")
+    return Verdict(True, "every gate passed")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    step: int
+    """Index into the policy's steps of the share the new revision has (or is scaling to)."""
+    phase: Phase
+    since: datetime
+    """When the current phase began (a hold counts from here)."""
+    reason: str = ""
+    paused_from: Phase | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase in DONE
+
+
+def start(now: datetime) -> Rollout:
+    return Rollout(0, Phase.SCALING, now, "pre-scaling the new revision for the first step")
+
+
+def share(r: Rollout, policy: CanaryPolicy) -> float:
+    """The new revision's share of traffic now: 0 until its first step is ready and held."""
+    if r.phase is Phase.PROMOTED:
+        return 1.0
+    if r.phase is Phase.ROLLED_BACK:
+        return 0.0
+    phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
+    at = r.step if phase is Phase.HOLDING else r.step - 1  # scaling: the last step's share
+    return policy.steps[at] if at >= 0 else 0.0
+
+
+def split(total: int, new_share: float) -> tuple[int, int]:
+    """(new, stable) replicas for ``total`` when the new revision takes ``new_share``: each
+    side rounds up so that neither is short (at most one replica more than ``total``), and
+    a side with no share gets none."""
+    if new_share <= 0:
+        return 0, total
+    if new_share >= 1:
+        return total, 0
+    return math.ceil(total * new_share), math.ceil(total * (1 - new_share))
+
+
+def replicas_for(total: int, r: Rollout, policy: CanaryPolicy) -> int:
+    """Ready replicas the new revision needs before traffic moves to its next share."""
+    return split(total, policy.steps[min(r.step, len(policy.steps) - 1)])[0]
+
+
+def decide(
+    r: Rollout,
+    policy: CanaryPolicy,
+    now: datetime,
+    new_ready: int,
+    total: int,
+    new: Window,
+    stable: Window,
+) -> Rollout:
+    """One look at a running canary: scale, hold, advance, promote or roll back."""
+    if r.done or r.phase is Phase.PAUSED:
+        return r
+    if r.phase is Phase.SCALING:
+        need = replicas_for(total, r, policy)
+        if new_ready < need:
+            return replace(r, reason=f"waiting for {need} ready replicas of the new revision "
+                           f"({new_ready} now) before {policy.steps[r.step]:.0%}")  # fmt: skip
+        return Rollout(r.step, Phase.HOLDING, now, f"at {policy.steps[r.step]:.0%}")
+    verdict = judge(new, stable, policy.gates)
+    if verdict.passed is False:
+        return Rollout(r.step, Phase.ROLLED_BACK, now, f"gate failed: {verdict.reason}")
+    if (now - r.since).total_seconds() < policy.hold_s or verdict.passed is None:
+        return replace(r, reason=verdict.reason if verdict.passed is None else r.reason)
+    if r.step + 1 >= len(policy.steps):
+        return Rollout(r.step, Phase.PROMOTED, now, "the last step passed its gates")
+    return Rollout(r.step + 1, Phase.SCALING, now, f"{policy.steps[r.step]:.0%} passed")
+
+
+def pause(r: Rollout, now: datetime) -> Rollout:
+    if r.done or r.phase is Phase.PAUSED:
+        return r
+    return Rollout(r.step, Phase.PAUSED, now, "paused by an operator", paused_from=r.phase)
+
+
+def resume(r: Rollout, now: datetime) -> Rollout:
+    """Back to where it paused; a hold starts again (the window before the pause is old)."""
+    if r.phase is not Phase.PAUSED or r.paused_from is None:
+        return r
+    return Rollout(r.step, r.paused_from, now, "resumed by an operator")
+
+
+def promote(r: Rollout, now: datetime) -> Rollout:
+    return r if r.done else Rollout(r.step, Phase.PROMOTED, now, "promoted by an operator")
+
+
+def rollback(r: Rollout, now: datetime) -> Rollout:
+    return r if r.done else Rollout(r.step, Phase.ROLLED_BACK, now, "rolled back by an operator")

@@ -1,0 +1,274 @@
+"""The cost ledger against the database: accrue it from pools, instances and placements,
+record the tokens the planes' routers report, warn about reservations that end, and apply
+the retention policy. The arithmetic is `controlplane.costs`'s; this module loads and writes.
+
+`accrue` runs in the worker every `GPUFLEET_COST_ACCRUE_EVERY_S` (Celery beat). It locks the
+one `cost_accrual` row, so two workers never count an interval twice, and each run charges
+[accrued_until, now) at the fleet as it stands now (docs/cost.md, "The ledger").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from controlplane import costs
+from controlplane.contracts import DeploymentObserved
+from controlplane.db import models as m
+from controlplane.services.placement import held_gpus as instance_gpus
+
+log = logging.getLogger("gpufleet.costs")
+EXPIRING = "ReservationExpiring"
+
+
+@dataclass(frozen=True)
+class LedgerPolicy:
+    """How the ledger is kept (settings `GPUFLEET_COST_*`)."""
+
+    max_gap: timedelta = timedelta(hours=1)
+    retention: timedelta = timedelta(days=400)
+
+
+@dataclass(frozen=True)
+class Accrued:
+    start: datetime
+    end: datetime
+    rows: int
+    cost: float
+    left_out: timedelta
+    warned: list[str]
+
+
+def holdings(session: Session, now: datetime) -> list[costs.PoolHolding]:
+    """Every pool as it stands at `now`: GPUs paid for and GPUs placed per (deployment,
+    cluster)."""
+    placed: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+    rows = session.execute(
+        select(
+            m.Placement.pool_id,
+            m.Deployment.name,
+            m.Cluster.name,
+            m.Placement.replicas * m.Deployment.gpus_per_replica,
+        )
+        .join(m.Deployment, m.Deployment.id == m.Placement.deployment_id)
+        .join(m.Cluster, m.Cluster.id == m.Placement.cluster_id)
+    ).all()
+    for pool_id, deployment, cluster, gpus in rows:
+        used = placed[pool_id]
+        used[deployment, cluster] = used.get((deployment, cluster), 0) + int(gpus or 0)
+    instances = instance_gpus(session)
+    out = []
+    for pool in session.scalars(select(m.Pool).order_by(m.Pool.name)).unique():
+        held = costs.held_gpus(
+            pool.purchase_type,
+            pool.gpus,
+            instances.get(pool.id, 0),
+            pool.committed_gpus,
+            (pool.term_start, pool.term_end),
+            now,
+        )
+        out.append(
+            costs.PoolHolding(
+                pool=pool.name,
+                provider=pool.provider.name,
+                region=pool.region.name,
+                gpu_type=pool.gpu_type.name,
+                purchase_type=pool.purchase_type,
+                price_per_gpu_hour=float(pool.price_per_gpu_hour),
+                held_gpus=held,
+                used=placed.get(pool.id, {}),
+            )
+        )
+    return out
+
+
+def _dec(value: float) -> Decimal:
+    return Decimal(repr(value)).quantize(Decimal("0.000000001"))
+
+
+def write_accruals(session: Session, accruals: Sequence[costs.Accrual]) -> None:
+    """Add each accrual to its ledger row (created when new)."""
+    if not accruals:
+        return
+    values = [
+        {
+            "hour": a.key.hour,
+            "pool": a.key.pool,
+            "deployment": a.key.deployment,
+            "cluster": a.key.cluster,
+            "provider": a.provider,
+            "region": a.region,
+            "gpu_type": a.gpu_type,
+            "purchase_type": a.purchase_type,
+            "price_per_gpu_hour": _dec(a.cost / a.held_gpu_hours if a.held_gpu_hours else 0.0),
+            "held_gpu_hours": _dec(a.held_gpu_hours),
+            "used_gpu_hours": _dec(a.used_gpu_hours),
+            "cost": _dec(a.cost),
+        }
+        for a in accruals
+    ]
+    table = m.CostLedger
+    stmt = insert(table).values(values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["hour", "pool", "deployment", "cluster"],
+        set_={
+            "held_gpu_hours": table.held_gpu_hours + stmt.excluded.held_gpu_hours,
+            "used_gpu_hours": table.used_gpu_hours + stmt.excluded.used_gpu_hours,
+            "cost": table.cost + stmt.excluded.cost,
+            "price_per_gpu_hour": stmt.excluded.price_per_gpu_hour,
+            "provider": stmt.excluded.provider,
+            "region": stmt.excluded.region,
+            "gpu_type": stmt.excluded.gpu_type,
+            "purchase_type": stmt.excluded.purchase_type,
+        },
+    )
+    session.execute(stmt)
+
+
+def accrue(session: Session, now: datetime, policy: LedgerPolicy) -> Accrued:
+    """Charge the ledger up to `now`, warn about ending reservations, drop rows past the
+    retention. The caller owns the transaction (the lock is held until it commits)."""
+    state = session.scalars(select(m.CostAccrual).with_for_update()).first()
+    if state is None:
+        session.execute(
+            insert(m.CostAccrual).values(id=1, accrued_until=now).on_conflict_do_nothing()
+        )
+        state = session.scalars(select(m.CostAccrual).with_for_update()).one()
+        previous = None
+    else:
+        previous = state.accrued_until
+    start, end, left_out = costs.accrual_window(previous, now, policy.max_gap)
+    if left_out:
+        log.warning(
+            "cost ledger: %s without an accrual (the worker was down?); charged the last %s "
+            "at the fleet as it stands now, left %s out",
+            now - previous if previous else left_out,
+            policy.max_gap,
+            left_out,
+        )
+    accruals = costs.accrue(holdings(session, now), start, end) if end > start else []
+    write_accruals(session, accruals)
+    state.accrued_until = max(end, state.accrued_until)
+    warned = warn_expiring(session, now)
+    drop_expired(session, now, policy.retention)
+    return Accrued(start, end, len(accruals), sum(a.cost for a in accruals), left_out, warned)
+
+
+def drop_expired(session: Session, now: datetime, retention: timedelta) -> None:
+    """The retention policy: ledger and token rows older than `retention` go."""
+    cutoff = costs.floor_hour(now - retention)
+    session.execute(delete(m.CostLedger).where(m.CostLedger.hour < cutoff))
+    session.execute(delete(m.TokenUsage).where(m.TokenUsage.hour < cutoff))
+
+
+def warn_expiring(session: Session, now: datetime) -> list[str]:
+    """A `ReservationExpiring` event per reservation the first time its term has fewer than
+    30, 7 or 1 day(s) left (and once when it has ended); returns the pools warned now."""
+    warned = []
+    pools = session.scalars(select(m.Pool).where(m.Pool.purchase_type == "reserved")).unique()
+    for pool in pools:
+        days = costs.expiry_warning(pool.term_end, now)
+        if days is None or pool.term_end is None:
+            continue
+        end = pool.term_end.isoformat()
+        told = session.scalars(
+            select(m.Event.id).where(
+                m.Event.type == EXPIRING,
+                m.Event.object_id == pool.id,
+                m.Event.data["days"].as_integer() == days,
+                m.Event.data["term_end"].astext == end,
+            )
+        ).first()
+        if told is not None:
+            continue
+        when = "has ended" if days == 0 else f"ends in under {days} day{'s' if days > 1 else ''}"
+        session.add(
+            m.Event(
+                time=now,
+                type=EXPIRING,
+                object_kind="Pool",
+                object_id=pool.id,
+                object_name=pool.name,
+                message=f"reservation {pool.name} {when} ({end}): renew it, or plan where its "
+                f"{pool.committed_gpus or pool.gpus} GPU(s) of work go",
+                data={"days": days, "term_end": end, "committed_gpus": pool.committed_gpus},
+            )
+        )
+        warned.append(pool.name)
+    return warned
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+def record_usage(
+    session: Session,
+    cluster: str,
+    deployments: Iterable[DeploymentObserved],
+    at: datetime,
+    bound: int,
+) -> None:
+    """Add what each deployment's router counters grew by since the cluster's last report
+    to the hour of `at`. `deployments`: the report as it may count (`controlplane.trust`)."""
+    for d in deployments:
+        if d.usage is None:
+            continue
+        u = d.usage
+        current = costs.Counters(
+            u.since, u.input_tokens, u.output_tokens, u.response_bytes, u.cross_region_bytes
+        )
+        row = session.get(m.TokenCounter, (cluster, d.name), with_for_update=True)
+        previous = (
+            None
+            if row is None
+            else costs.Counters(
+                row.since,
+                row.input_tokens,
+                row.output_tokens,
+                row.response_bytes,
+                row.cross_region_bytes,
+            )
+        )
+        new = costs.counted(previous, current, bound)
+        if row is None:
+            row = m.TokenCounter(cluster=cluster, deployment=d.name)
+            session.add(row)
+        row.since, row.input_tokens = current.since, current.input_tokens
+        row.output_tokens, row.response_bytes = current.output_tokens, current.response_bytes
+        row.cross_region_bytes = current.cross_region_bytes
+        if new.input_tokens or new.output_tokens or new.response_bytes:
+            _add_usage(session, costs.floor_hour(at), d.name, cluster, new)
+
+
+def _add_usage(
+    session: Session, hour: datetime, deployment: str, cluster: str, new: costs.Counters
+) -> None:
+    table = m.TokenUsage
+    stmt = insert(table).values(
+        hour=hour,
+        deployment=deployment,
+        cluster=cluster,
+        input_tokens=new.input_tokens,
+        output_tokens=new.output_tokens,
+        response_bytes=new.response_bytes,
+        cross_region_bytes=new.cross_region_bytes,
+    )
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["hour", "deployment", "cluster"],
+            set_={
+                "input_tokens": table.input_tokens + stmt.excluded.input_tokens,
+                "output_tokens": table.output_tokens + stmt.excluded.output_tokens,
+                "response_bytes": table.response_bytes + stmt.excluded.response_bytes,
+                "cross_region_bytes": table.cross_region_bytes + stmt.excluded.cross_region_bytes,
+            },
+        )
+    )

@@ -1,0 +1,3 @@
+from gpufleet_tf.main import main
+
+main()

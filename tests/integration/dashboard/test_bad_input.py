@@ -1,0 +1,118 @@
+"""Bad input to the dashboard gets a clear 4xx, never a 500; writes need the CSRF value and
+the role (in-process app on the real PostgreSQL, no browser)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane.dashboard.session import COOKIE, csrf_for
+
+pytestmark = pytest.mark.integration
+
+
+def signed_in(client: TestClient, token: str) -> TestClient:
+    answer = client.post("/login", data={"token": token}, follow_redirects=False)
+    assert answer.status_code == 303 and COOKIE in answer.cookies
+    return client
+
+
+def test_pages_without_a_session_send_you_to_login_and_keep_where_you_were(app_client, tokens):
+    answer = app_client.get("/pools?page=2", follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/login?next=/pools?page=2"
+    assert app_client.get("/live/feed", follow_redirects=False).status_code == 303
+    bad = app_client.post("/login", data={"token": "gpf_nope"}, follow_redirects=False)
+    assert bad.status_code == 401 and "not valid" in bad.text
+    assert COOKIE not in bad.cookies
+
+
+def test_odd_queries_and_unknown_objects_are_4xx(app_client, tokens):
+    client = signed_in(app_client, tokens["admin"])
+    assert client.get("/pools?page=abc").status_code == 200
+    assert client.get("/pools?page=99999999999").status_code == 200
+    assert client.get("/events?log=nope").status_code == 400
+    assert client.get("/events?cursor=%%%").status_code == 400
+    assert client.get("/events?log=events&type=x&bogus=1").status_code == 200
+    assert client.get("/deployments/nope").status_code == 404
+    assert client.get("/vendor/nope.js").status_code == 404
+
+
+def test_writes_need_the_csrf_value_the_role_and_sane_fields(app_client, tokens):
+    client = signed_in(app_client, tokens["viewer"])
+    csrf = csrf_for(tokens["viewer"])
+    form = {"csrf": csrf, "generation": "1", "min_replicas": "1", "max_replicas": "2"}
+    assert client.post("/deployments/x/autoscaling", data=form).status_code == 403
+    assert client.post("/tokens", data={"csrf": csrf, "name": "a"}).status_code == 403
+    client = signed_in(app_client, tokens["admin"])
+    csrf = csrf_for(tokens["admin"])
+    assert client.post("/tokens", data={"name": "a", "role": "viewer"}).status_code == 403
+    assert client.post("/tokens", data={"csrf": csrf_for("other"), "name": "a"}).status_code == 403
+    bad_name = client.post("/tokens", data={"csrf": csrf, "name": "Not A Name", "role": "x"})
+    assert bad_name.status_code == 400
+    bad_number = dict(form, csrf=csrf, max_replicas="lots")
+    assert client.post("/deployments/x/autoscaling", data=bad_number).status_code == 400
+    assert client.post("/deployments/x/autoscaling", data=dict(form, csrf=csrf)).status_code == 404
+    foreign = client.post(
+        "/tokens", data={"csrf": csrf, "name": "a"}, headers={"Origin": "https://evil.example"}
+    )
+    assert foreign.status_code == 403
+    headers = {"X-CSRF-Token": csrf}
+    assert client.post("/playground/stream", content=b"{", headers=headers).status_code == 400
+    far = client.post("/playground/stream", json={"cluster": "nowhere"}, headers=headers)
+    assert far.status_code == 400 and "no router or gateway known" in far.text
+    verb = client.post("/tokens/admin-token/explode", data={"csrf": csrf})
+    assert verb.status_code == 400
+
+
+def test_the_last_admin_token_cannot_be_disabled_from_the_page(app_client, tokens):
+    client = signed_in(app_client, tokens["admin"])
+    answer = client.post("/tokens/admin-token/disable", data={"csrf": csrf_for(tokens["admin"])})
+    assert answer.status_code == 409, answer.text
+    assert client.get("/tokens").status_code == 200  # still signed in
+
+
+def test_events_filter_by_time_and_a_bad_time_says_how_to_write_one(app_client, tokens):
+    client = signed_in(app_client, tokens["admin"])
+    made = app_client.post(
+        "/api/v1/tokens",
+        json={"name": "timed", "role": "viewer"},
+        headers={"Authorization": f"Bearer {tokens['admin']}"},
+    )
+    assert made.status_code == 201
+    audit = client.get("/events?log=audit&resource_name=timed")
+    assert "timed" in audit.text
+    assert "timed" not in client.get("/events?log=audit&until=2000-01-01T00:00:00Z").text
+    assert "timed" in client.get("/events?log=audit&since=2000-01-01T00:00:00").text
+    bad = client.get("/events?log=events&since=yesterday")
+    assert bad.status_code == 400 and "ISO 8601" in bad.text
+
+
+def test_a_gateway_or_router_that_does_not_answer_is_shown_down_never_a_500(
+    database_url, session_factory, tokens
+):
+    import socket
+
+    from controlplane.api.app import create_app
+    from controlplane.settings import Settings
+    from tests.integration.api.builders import seed
+    from tests.integration.conftest import Api
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    settings = Settings(
+        database_url=database_url,
+        gateway_urls={"use1": {"url": closed, "region": "aws-us-east-1"}},  # type: ignore[arg-type]
+        router_urls={"use1-a": closed},
+    )
+    app = create_app(settings, session_factory=session_factory)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        seed(Api(client, tokens["admin"]))
+        signed_in(client, tokens["viewer"])
+        world = client.get("/map")
+        assert world.status_code == 200
+        assert 'class="gateway bad" data-gateway="use1"' in world.text
+        assert "use1 (down)" in world.text
+        listed = client.get("/deployments")
+        assert listed.status_code == 200

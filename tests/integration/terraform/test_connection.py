@@ -1,0 +1,56 @@
+"""The provider finds the control plane as the CLI does: the same precedence over the provider
+block (the CLI's flags), GPUFLEET_URL/GPUFLEET_TOKEN and the login file. The provider's lookup
+is a copy (its venv lacks the control plane's dependencies); this holds them together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.cli.config import load_context, save_context
+from tests.integration.terraform.conftest import provider_module
+
+
+def _provider_lookup() -> Any:
+    return provider_module("connection")
+
+
+CASES = [  # (block url, block token, env url, env token, file url, file token)
+    (None, None, None, None, None, None),
+    (None, None, None, None, "http://file:1", "gpf_file"),
+    (None, None, "http://env:2", "gpf_env", "http://file:1", "gpf_file"),
+    (None, None, "http://env:2", None, "http://file:1", "gpf_file"),
+    ("http://block:3/", "gpf_block", "http://env:2", "gpf_env", "http://file:1", "gpf_file"),
+    (None, "gpf_block", None, None, "http://file:1/", None),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_provider_and_cli_agree(
+    case: tuple[str | None, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block_url, block_token, env_url, env_token, file_url, file_token = case
+    login = tmp_path / "config.yaml"
+    if file_url:
+        save_context(file_url, file_token or "", login)
+    env = {"GPUFLEET_CONFIG": str(login)}
+    env |= {"GPUFLEET_URL": env_url} if env_url else {}
+    env |= {"GPUFLEET_TOKEN": env_token} if env_token else {}
+    for name in ("GPUFLEET_URL", "GPUFLEET_TOKEN", "GPUFLEET_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    cli = load_context(block_url, block_token)
+    provider = _provider_lookup().resolve(block_url, block_token, env)
+    assert (provider.url, provider.token) == (cli.url, cli.token or None)
+
+
+def test_an_unreadable_login_file_says_how_to_fix_it(tmp_path: Path) -> None:
+    login = tmp_path / "config.yaml"
+    login.write_text("- not\n- a mapping\n")
+    lookup = _provider_lookup()
+    with pytest.raises(lookup.ConnectionError_, match="run `gpufleet login` again"):
+        lookup.resolve(None, None, {"GPUFLEET_CONFIG": str(login)})

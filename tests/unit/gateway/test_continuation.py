@@ -1,0 +1,165 @@
+"""Mid-stream failover, the pure part: events split whole, the text delivered, the
+continued request (vLLM's parameters), the summed usage, and what cannot be continued."""
+
+from __future__ import annotations
+
+import json
+
+from workloadplane.enginesim.engine import continued, split_continuation, token_text
+from workloadplane.gateway.continuation import (
+    StreamTracker,
+    continuation,
+    counted,
+    not_continuable,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def event(payload: object) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def delta(text: str | None = None, **extra: object) -> bytes:
+    d: dict[str, object] = dict(extra)
+    if text is not None:
+        d["content"] = text
+    return event({"choices": [{"index": 0, "delta": d, "finish_reason": None}]})
+
+
+def test_partial_events_wait_and_a_broken_tail_is_never_sent():
+    t = StreamTracker(chat=True)
+    raw = delta(role="assistant", text="") + delta(" hello") + delta(" world")
+    assert len(t.feed(raw[:-20])) == 2
+    t.next_segment()  # the plane died: the half event is dropped
+    assert t.delivered == " hello" and t.tokens == 1
+
+
+def test_continuation_drops_its_role_chunk_and_sums_usage():
+    t = StreamTracker(chat=True)
+    t.feed(delta(role="assistant", text="") + delta(" a") + delta(" b"))
+    t.next_segment()
+    usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    out = t.feed(delta(role="assistant", text="") + delta(" c")
+                 + event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")  # fmt: skip
+    assert len(out) == 3 and t.done
+    final = json.loads(out[1][6:])
+    assert final["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+
+
+def test_chat_continues_as_a_final_assistant_message_with_fewer_tokens():
+    t = StreamTracker(chat=True)
+    t.feed(delta(" a") + delta(" b"))
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    body = continuation(CHAT, payload, t)
+    assert body is not None
+    assert body["messages"][-1] == {"role": "assistant", "content": " a b"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 8
+    t2 = StreamTracker(chat=True)
+    t2.feed(delta(" a") + delta(" b"))
+    assert continuation(CHAT, {**payload, "max_tokens": 2}, t2) is None  # all delivered
+
+
+def test_completions_continue_from_prompt_plus_text():
+    t = StreamTracker(chat=False)
+    t.feed(event({"choices": [{"index": 0, "text": " x"}]}))
+    body = continuation("/v1/completions", {"model": "m", "prompt": "say", "max_tokens": 5}, t)
+    assert body is not None and body["prompt"] == "say x" and body["max_tokens"] == 4
+
+
+def test_what_cannot_be_continued():
+    assert not_continuable(CHAT, {"messages": [{}], "n": 2})
+    assert not_continuable("/v1/completions", {"prompt": [1, 2, 3]})
+    assert not_continuable("/v1/completions", {"prompt": "x", "echo": True})
+    assert not_continuable(CHAT, {"messages": [{"role": "user"}]}) == ""
+    t = StreamTracker(chat=True)
+    t.feed(delta(tool_calls=[{"index": 0, "function": {"name": "f"}}]))
+    assert t.tool_call
+
+
+def test_enginesim_continues_its_own_answer_exactly():
+    seed = "user:hi"
+    answer = "".join(token_text(seed, i) for i in range(5))
+    assert continued(seed, answer) == 5
+    assert continued(seed, answer + " nope") is None
+    prompt = "once upon"
+    told = "".join(token_text(prompt, i) for i in range(7))
+    assert split_continuation(prompt + told) == (prompt, 7)
+
+
+def test_a_planes_own_stream_error_is_not_passed_on_but_continued():
+    t = StreamTracker(chat=True)
+    error = {
+        "error": {"message": "replica died", "type": "upstream_error", "code": "stream_broken"}
+    }
+    assert t.feed(delta(" a") + event(error)) == [delta(" a")]
+    assert t.upstream_error == "replica died" and not t.done
+
+
+def test_an_event_over_the_bound_is_relayed_untracked_and_not_continued():
+    from workloadplane.gateway.continuation import MAX_EVENT_BYTES
+
+    t = StreamTracker(chat=True)
+    t.feed(delta(" a"))
+    huge = b"data: " + b"x" * (MAX_EVENT_BYTES + 1)
+    out = t.feed(huge)
+    assert b"".join(out) == huge and t._buffer == b""  # passed on, nothing held
+    assert t.why_not.startswith("an event was over")
+
+
+def running(text: str | None, prompt: int, completion: int, **extra: object) -> bytes:
+    """A chunk with the engine's running usage (``continuous_usage_stats``)."""
+    d: dict[str, object] = dict(extra)
+    if text is not None:
+        d["content"] = text
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion}  # fmt: skip
+    return event({"choices": [{"index": 0, "delta": d, "finish_reason": None}], "usage": usage})
+
+
+def test_the_engine_is_asked_for_its_running_token_counts():
+    payload = {"model": "m", "stream_options": {"include_usage": False, "x": 1}}
+    assert counted(payload)["stream_options"] == {
+        "include_usage": True, "continuous_usage_stats": True, "x": 1
+    }  # fmt: skip
+    assert counted({"model": "m"})["stream_options"]["continuous_usage_stats"] is True
+    assert payload["stream_options"] == {"include_usage": False, "x": 1}  # not changed
+
+
+def test_tokens_are_the_engines_count_not_chunks():
+    """Real vLLM: a chunk with no text (a token ending inside a UTF-8 character) and a
+    chunk of three tokens (its API server fell behind) are four tokens, not one chunk."""
+    t = StreamTracker.of(CHAT, {"stream_options": {"include_usage": True}})
+    t.feed(running("", 7, 0, role="assistant") + running(" a", 7, 1) + running("", 7, 2)
+           + running(" bé", 7, 3) + running(" cde", 7, 6))  # fmt: skip
+    assert t.tokens == 6 and t.prompt_tokens == 7 and t.delivered == " a bé cde"
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    body = continuation(CHAT, counted(payload), t)
+    assert body is not None and body["max_tokens"] == 4
+
+
+def test_running_usage_the_client_did_not_ask_for_is_taken_out():
+    t = StreamTracker.of(CHAT, {})
+    out = t.feed(running(" a", 7, 1) + event({"choices": [], "usage": {"prompt_tokens": 7}})
+                 + b"data: [DONE]\n\n")  # fmt: skip
+    assert [json.loads(e[6:]) for e in out[:-1]] == [
+        {"choices": [{"index": 0, "delta": {"content": " a"}, "finish_reason": None}]}
+    ]
+    assert out[-1] == b"data: [DONE]\n\n" and t.tokens == 1
+
+
+def test_the_whole_streams_usage_has_the_first_prompt_and_every_completion_token():
+    """The continued prompt (8 + the 3 tokens delivered, re-tokenized as 2) is not what
+    the client sent: its prompt is the first segment's count."""
+    t = StreamTracker.of(CHAT, {"stream_options": {"include_usage": True,
+                                                    "continuous_usage_stats": True}})  # fmt: skip
+    first = running(" a", 8, 1) + running(" bc", 8, 3)
+    assert t.feed(first) == [running(" a", 8, 1), running(" bc", 8, 3)]  # relayed as they came
+    t.next_segment()
+    out = t.feed(running("", 10, 0, role="assistant") + running(" d", 10, 1)
+                 + event({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1,
+                                                   "total_tokens": 11}}))  # fmt: skip
+    assert len(out) == 2  # the continuation's role chunk dropped
+    whole = {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12}
+    assert [json.loads(e[6:])["usage"] for e in out] == [whole, whole]

@@ -1,0 +1,126 @@
+"""The gateway's state: newest table wins and is persisted (a restart with NATS down routes
+from it), bad tables and forged or oversized load reports are dropped and counted; and the
+plane's load report as its router builds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controlplane.contracts import (
+    MAX_PLANE_LOAD_BYTES,
+    AutoscalingPolicy,
+    DeploymentDesired,
+    DeploymentLoad,
+    DeploymentRoute,
+    PlaneLoad,
+    PlaneRoute,
+    ReplicaQuota,
+    ReplicaStatus,
+    RevisionSpec,
+    RoutingTable,
+    encode,
+)
+from workloadplane.gateway.state import Attempt, GatewayState, RoutesStore
+from workloadplane.router.core import Router
+from workloadplane.router.load import RecentWindow, plane_load
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(generation: int, epoch: int = 0) -> bytes:
+    plane = PlaneRoute(cluster="a", endpoint="http://127.0.0.1:9", region="r", jurisdiction="US",
+                       latitude=0, longitude=0)  # fmt: skip
+    t = RoutingTable(generation=generation, epoch=epoch,
+                     deployments=[DeploymentRoute(name=f"chat{generation}", planes=[plane])])  # fmt: skip
+    return t.model_dump_json().encode()
+
+
+def rejected(state: GatewayState, kind: str, reason: str) -> float:
+    value = state.metrics.registry.get_sample_value(
+        "gpufleet_gateway_rejected_messages_total", {"kind": kind, "reason": reason}
+    )
+    return value or 0.0
+
+
+def test_newest_table_wins_and_is_restored_after_a_restart(tmp_path: Path):
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(2))
+    assert not state.apply_table(table(1))
+    assert rejected(state, "routing_table", "older") == 1
+    assert state.apply_table(table(1, epoch=1))  # a new epoch wins whatever its generation
+    assert not state.apply_table(b"\x00garbage")
+    assert rejected(state, "routing_table", "malformed") == 1
+    again = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert again.restore() and set(again.routes) == {"chat1"}
+    assert set(again.planes) == {"a"}
+    state.close()
+    again.close()
+
+
+def test_forged_and_oversized_load_reports_are_dropped(tmp_path: Path):
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    state.apply_table(table(1))
+    report = PlaneLoad(cluster="a", source="cluster/a", deployments=[DeploymentLoad(name="x")])
+    assert state.apply_load("gpufleet.v1.cluster.a.load", encode(report))
+    assert not state.apply_load("gpufleet.v1.cluster.b.load", encode(report))
+    assert rejected(state, "plane_load", "forged") == 1
+    assert not state.apply_load("gpufleet.v1.cluster.a.load", b" " * (MAX_PLANE_LOAD_BYTES + 1))
+    assert rejected(state, "plane_load", "oversized") == 1
+    state.close()
+
+
+def test_the_router_reports_its_load_and_recent_ttft():
+    router = Router()
+    spec = DeploymentDesired(name="chat", spec=RevisionSpec(model_id="m", revision="1"),
+                             quota=ReplicaQuota(min=1, max=2),
+                             autoscaling=AutoscalingPolicy(target_concurrency=4))  # fmt: skip
+    router.set_deployments([spec])
+    router.set_replicas([
+        ReplicaStatus(replica_id="r1", deployment="chat", revision="1", state="ready",
+                      endpoint="http://127.0.0.1:9"),
+        ReplicaStatus(replica_id="r2", deployment="chat", revision="1", state="starting",
+                      endpoint="http://127.0.0.1:10"),
+    ])  # fmt: skip
+    window = RecentWindow(window_s=10)
+    window.finished("chat", 50.0, 9.0)  # before the window
+    for i, ttft in enumerate((0.1, 0.2, 0.3, 0.4)):
+        window.finished("chat", 95.0 + i, ttft)
+    report = plane_load(router, window, "a", sequence=3, interval_s=0.5, now=100.0)
+    (load,) = report.deployments
+    assert (load.ready_replicas, load.starting_replicas, load.capacity) == (1, 1, 4)
+    assert load.ttft_seconds is not None and abs(load.ttft_seconds - 0.25) < 1e-9
+    assert abs(load.service_rate - 4 / 5.0) < 1e-9
+    assert report.cluster == "a" and report.source == "cluster/a" and report.sequence == 3
+    router.close()
+
+
+def test_a_late_probe_does_not_cut_a_plane_that_is_streaming_but_one_that_is_silent(
+    tmp_path: Path,
+):
+    """A loaded router may answer /health late while it streams: its streams flow, so it
+    stays in rotation and they are not cut. Silent since the probe went out (hung, cut off):
+    out, and its streams cut so that they continue elsewhere."""
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1))
+    cuts: list[str] = []
+    plane = state.planes["a"]
+    plane.attempts.add(Attempt("chat1", started=True, cut=cuts.append))
+    sent = clock.now
+    clock.now += 0.3
+    plane.last_byte_at = clock.now  # a chunk arrived after the probe was sent
+    clock.now += 0.2
+    assert not state.probe_failed("a", "health probe: timed out", sent)
+    assert cuts == [] and not plane.health.ejected
+    sent = clock.now  # the next probe: nothing arrives any more
+    clock.now += 0.5
+    assert state.probe_failed("a", "health probe: timed out", sent)
+    assert len(cuts) == 1 and "stopped answering" in cuts[0]
+    assert plane.health.ejected
+    state.close()

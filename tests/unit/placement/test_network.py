@@ -1,0 +1,136 @@
+"""The min-cost-flow quotas (network.py) and the engine path that uses them above
+MAX_CLASSES: whole, feasible quotas; the hard rules; no more unplaced than the optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controlplane.placement import engine, network, place, transport
+from controlplane.placement.lp import lower_bound, unplaced_optimum
+from tests.unit.placement.builders import make_deployment, make_input, make_pool
+from tests.unit.placement.rules import check_rules
+from tests.unit.placement.test_many_classes import SETTINGS, world
+
+INF = math.inf
+
+
+def problem(cost, sizes, demand, free, spot_cap=None, is_spot=None, spread=()):
+    cost = np.array(cost, dtype=float)
+    n_c, n_p = cost.shape
+    return transport.Problem(
+        cost=cost,
+        sizes=np.array(sizes, dtype=np.int64),
+        demand=np.array(demand, dtype=np.int64),
+        spot_cap=np.array(spot_cap if spot_cap is not None else [0] * n_c, dtype=np.int64),
+        priority_rank=np.zeros(n_c, dtype=np.int64),
+        free=np.array(free, dtype=np.int64),
+        is_spot=np.array(is_spot if is_spot is not None else [False] * n_p, dtype=bool),
+        spread=spread,
+    )
+
+
+def check_quotas(pr: transport.Problem, q: np.ndarray) -> None:
+    assert q.dtype == np.int64 and (q >= 0).all()
+    assert (q[~np.isfinite(pr.cost)] == 0).all()  # only admissible pools
+    assert ((q * pr.sizes[:, None]).sum(axis=0) <= pr.free).all()  # no pool over-committed
+    assert (q.sum(axis=1) <= pr.demand).all()
+    assert (q[:, pr.is_spot].sum(axis=1) <= pr.spot_cap).all()
+
+
+def test_whole_replicas_where_the_gpu_flow_would_split_them():
+    # 8-GPU replicas x 2 and a 4-GPU one on pools of 12 (cheap) and 8 GPUs: the only way to
+    # place all is 8 + 4 in the 12-GPU pool and 8 in the other
+    unit = np.array([1.0, 3.0])
+    pr = problem([[1.0, 3.0], [1.0, 3.0]], sizes=[8, 4], demand=[2, 1], free=[12, 8])
+    q = network.solve(pr, unit, np.array([0, 0]))
+    assert q is not None
+    check_quotas(pr, q)
+    assert q.tolist() == [[1, 1], [1, 0]]
+
+
+def test_spot_budget_and_admissibility():
+    unit = np.array([0.5, 2.0, 1.0])
+    pr = problem(
+        [[0.5, 2.0, INF], [INF, 2.0, 1.0]],
+        sizes=[2, 1],
+        demand=[4, 3],
+        free=[8, 8, 2],
+        spot_cap=[1, 0],
+        is_spot=[True, False, False],
+    )
+    q = network.solve(pr, unit, np.array([0, 1, 2]))
+    assert q is not None
+    check_quotas(pr, q)
+    assert q.tolist() == [[1, 3, 0], [0, 1, 2]]  # one spot replica, the rest on demand
+
+
+def test_spread_cap_per_provider():
+    # one class may hold at most 3 replicas on provider 0 (its spread cap)
+    spread = (transport.Spread(np.array([0, 0, 1]), np.array([[3.0, INF]])),)
+    pr = problem([[1.0, 1.0, 2.0]], sizes=[1], demand=[5], free=[4, 4, 4], spread=spread)
+    q = network.solve(pr, np.array([1.0, 1.0, 2.0]), np.array([0, 0, 1]))
+    assert q is not None
+    check_quotas(pr, q)
+    assert q[0, :2].sum() == 3 and q[0, 2] == 2
+
+
+def test_pools_seen_alike_share_a_group():
+    pr = problem(
+        [[1.0, 2.0, 1.0, INF], [1.5, 2.5, 1.5, 1.5]], sizes=[1, 1], demand=[1, 1], free=[1] * 4
+    )
+    group = network.pool_groups(pr, np.array([0, 0, 1, 0]))
+    assert group[0] == group[1]  # same admissibility and region, only their own cost differs
+    assert len({group[0], group[2], group[3]}) == 3  # another region; another admissibility
+
+
+@pytest.fixture
+def flow_path(monkeypatch):
+    """place() takes the min-cost-flow path whatever the number of classes."""
+    monkeypatch.setattr(engine, "MAX_CLASSES", 0)
+
+
+def test_the_flow_path_places_the_optimum_on_a_hand_built_world(flow_path):
+    pools = [
+        make_pool("big", capacity=12, price=1.0),
+        make_pool("small", region="gcp:us-central1", provider="gcp", capacity=8, price=3.0),
+        make_pool("l4", gpu_type="L4", capacity=6, price=0.5, gpus_per_instance=4),
+    ]
+    deps = [
+        make_deployment("x", gpus=8, replicas=2, traffic={"aws:us-east-1": 1.0}),
+        make_deployment("y", gpus=4, replicas=1, traffic={"gcp:us-central1": 1.0}),
+        make_deployment("z", gpus=2, replicas=3, gpu_types=("L4", "H100")),
+        make_deployment("w", gpus=1, replicas=2, min_distinct_providers=2),
+    ]
+    inp = make_input(pools, deps)
+    result = place(inp)
+    check_rules(inp, result)
+    unplaced = sum(u.replicas * u.gpus_per_replica for u in result.unplaced)
+    assert unplaced == round(unplaced_optimum(inp).unplaced_gpus)  # 16 + 4 + 6 + 2 of 32
+    placed = sum(d.target_replicas * d.gpus_per_replica for d in deps) - unplaced
+    bound = lower_bound(inp, placed_gpus=placed - 1e-6).cost
+    assert result.objective_per_hour <= bound * 1.005 + 1e-9
+
+
+@SETTINGS
+@given(st.integers(0, 10**6), st.sampled_from([0.7, 0.95]))
+def test_rules_hold_on_the_flow_path(seed, load):
+    inp = world(seed, 120, load)
+    with pytest.MonkeyPatch.context() as mp:  # the flow path whatever the classes
+        mp.setattr(engine, "MAX_CLASSES", 0)
+        result = place(inp)
+        again = place(dataclasses.replace(inp, current=result.assignments))
+    check_rules(inp, result)
+    unplaced = sum(u.replicas * u.gpus_per_replica for u in result.unplaced)
+    assert unplaced >= math.floor(lower_bound(inp).unplaced_bound)
+    assert again.changes == ()  # stable: a re-plan of its own result moves nothing
+
+
+def test_the_flow_path_prints_nothing(flow_path, capfd):
+    place(world(3, 60, 0.95))
+    assert capfd.readouterr() == ("", "")

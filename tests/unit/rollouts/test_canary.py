@@ -1,0 +1,87 @@
+"""Canary decisions (controlplane/rollouts.py): pre-scale, hold, gates, promote, roll back,
+and the operator's commands — pure, with the clock passed in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from controlplane import rollouts as ro
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+POLICY = ro.CanaryPolicy(steps=(0.05, 0.25, 0.5, 1.0), hold_s=300)
+GOOD = ro.Window(requests=1000, errors=2, p99_ttft_s=0.20, p99_e2e_s=2.0)
+STABLE = ro.Window(requests=1000, errors=3, p99_ttft_s=0.21, p99_e2e_s=2.1)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_a_good_revision_is_pre_scaled_held_and_promoted_step_by_step():
+    r, t, shares = ro.start(T0), 0.0, []
+    for _ in range(20):
+        ready = ro.replicas_for(20, r, POLICY)  # the autoscaler brought them up
+        r = ro.decide(r, POLICY, at(t), ready, 20, GOOD, STABLE)
+        shares.append(ro.share(r, POLICY))
+        t += 301
+        if r.done:
+            break
+    assert r.phase is ro.Phase.PROMOTED and ro.share(r, POLICY) == 1.0
+    assert sorted(set(shares)) == [0.05, 0.25, 0.5, 1.0]
+
+
+def test_no_traffic_moves_before_the_new_revision_has_the_replicas_for_the_step():
+    r = ro.decide(ro.start(T0), POLICY, at(10), 0, 20, GOOD, STABLE)
+    assert r.phase is ro.Phase.SCALING and ro.share(r, POLICY) == 0.0
+    assert "waiting for 1 ready replicas" in r.reason
+    held = ro.decide(r, POLICY, at(20), 1, 20, GOOD, STABLE)
+    assert held.phase is ro.Phase.HOLDING and ro.share(held, POLICY) == 0.05
+    assert ro.decide(held, POLICY, at(200), 1, 20, GOOD, STABLE).step == 0  # still holding
+    nxt = ro.decide(held, POLICY, at(321), 1, 20, GOOD, STABLE)
+    assert (nxt.phase, nxt.step, ro.share(nxt, POLICY)) == (ro.Phase.SCALING, 1, 0.05)
+    assert ro.replicas_for(20, nxt, POLICY) == 5
+
+
+def test_a_revision_with_errors_rolls_back_at_the_first_gate_without_waiting_for_the_hold():
+    bad = ro.Window(requests=120, errors=24, p99_ttft_s=0.2, p99_e2e_s=2.0)  # 20 %
+    holding = ro.decide(ro.start(T0), POLICY, at(1), 1, 20, GOOD, STABLE)
+    r = ro.decide(holding, POLICY, at(60), 1, 20, bad, STABLE)
+    assert r.phase is ro.Phase.ROLLED_BACK and ro.share(r, POLICY) == 0.0
+    assert "error rate 20.0%" in r.reason
+
+
+def test_a_slow_revision_fails_the_latency_gate_once_the_sample_is_big_enough():
+    slow = ro.Window(requests=1000, errors=2, p99_ttft_s=0.7, p99_e2e_s=6.0)  # 3x
+    holding = ro.decide(ro.start(T0), POLICY, at(1), 1, 20, GOOD, STABLE)
+    few = ro.Window(requests=10, errors=0, p99_ttft_s=0.7, p99_e2e_s=6.0)
+    waiting = ro.decide(holding, POLICY, at(400), 1, 20, few, STABLE)
+    assert waiting.phase is ro.Phase.HOLDING and "waiting for 100 requests" in waiting.reason
+    r = ro.decide(holding, POLICY, at(400), 1, 20, slow, STABLE)
+    assert r.phase is ro.Phase.ROLLED_BACK and "p99 TTFT 0.700s > 1.5 x stable" in r.reason
+
+
+def test_errors_certain_to_fail_the_gate_roll_back_before_the_minimum_sample():
+    early = ro.Window(requests=30, errors=5, p99_ttft_s=0.2, p99_e2e_s=2.0)
+    verdict = ro.judge(early, STABLE, ro.Gates())
+    assert verdict.passed is False  # 5 > 1.3 % of 100: no later traffic can save it
+    assert ro.judge(ro.Window(30, 1, 0.2, 2.0), STABLE, ro.Gates()).passed is None
+
+
+def test_pause_resume_promote_and_rollback_by_an_operator():
+    holding = ro.decide(ro.start(T0), POLICY, at(1), 1, 20, GOOD, STABLE)
+    paused = ro.pause(holding, at(100))
+    assert ro.share(paused, POLICY) == 0.05  # traffic stays where it was
+    assert ro.decide(paused, POLICY, at(999), 1, 20, GOOD, STABLE) is paused
+    resumed = ro.resume(paused, at(200))
+    assert resumed.phase is ro.Phase.HOLDING and resumed.since == at(200)  # hold anew
+    assert ro.promote(resumed, at(201)).phase is ro.Phase.PROMOTED
+    back = ro.rollback(resumed, at(201))
+    assert back.phase is ro.Phase.ROLLED_BACK and ro.rollback(back, at(300)) is back
+
+
+def test_the_replicas_split_between_revisions_without_doubling():
+    assert ro.split(20, 0.0) == (0, 20)
+    assert ro.split(20, 0.05) == (1, 19)
+    assert ro.split(20, 0.25) == (5, 15)
+    assert ro.split(3, 0.5) == (2, 2)  # at most one more than the deployment's size
+    assert ro.split(20, 1.0) == (20, 0)

@@ -1,0 +1,477 @@
+"""The gateway's ASGI app: the router's OpenAI surface (its front: ``router/front.py``) in
+front of the fleet's planes.
+
+Per request: read it as the router does (body, X-Request-Id, API key and tier, ``model``),
+rank the deployment's planes (``GatewayState.choose`` → the pure ``choice.rank``), send to
+the first; a connection error or abort before the response head takes that plane out of
+rotation and sends the request to the next one (nothing was delivered, nothing is lost); a
+429/502/503 from a plane before any byte tries the next plane without ejecting it. Streams
+are relayed event by event and, if the plane dies mid-stream, continued on another plane
+(``continuation.py``). Responses carry ``x-gpufleet-plane`` and ``x-gpufleet-route`` (why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from gpufleet_logging import request_id_bound
+from workloadplane.gateway.choice import Choice, Ranked
+from workloadplane.gateway.continuation import (
+    StreamTracker,
+    continuation,
+    counted,
+    not_continuable,
+)
+from workloadplane.gateway.state import Attempt, GatewayState, Plane
+from workloadplane.router import errors
+from workloadplane.router.front import (
+    FLUSH,
+    INFERENCE_PATHS,
+    BadRequest,
+    ClientGoneError,
+    ClientWatch,
+    Receive,
+    RequestHead,
+    Scope,
+    Send,
+    bearer,
+    choose_tier,
+    lifespan,
+    parse_payload,
+    read_body,
+    read_head,
+    relay,
+    respond,
+    send_stream_error,
+)
+from workloadplane.router.upstream import Response, UpstreamAborted, UpstreamError
+
+log = logging.getLogger(__name__)
+
+CLIENT_REGION = b"x-gpufleet-client-region"
+JURISDICTION = b"x-gpufleet-jurisdiction"
+CROSS_REGION = b"x-gpufleet-cross-region"
+"""To the plane: ``1`` when the client is in another region than the plane (the router
+counts those bytes as data transfer); a client's own is dropped."""
+_EXTRA = frozenset({CLIENT_REGION, JURISDICTION, CROSS_REGION})
+_NEXT_PLANE_STATUS = frozenset({429, 502, 503})
+_DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
+_DROP_RESPONSE |= {b"x-request-id", b"content-length"}
+NO_PLANE = 503, "service_unavailable_error"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """What one API key may do at the gateway: its best tier and its residency."""
+
+    tier: int = 1
+    jurisdictions: frozenset[str] = frozenset()
+
+
+@dataclass
+class GatewayConfig:
+    api_keys: dict[str, KeyGrant] = field(default_factory=dict)
+    """sha256 hex of each key → its grant; empty: no authentication."""
+    tiers: int = 3
+    default_tier: int = 1
+    max_attempts: int = 3
+    continuations: int = 2
+    """How many times one stream may move to another plane."""
+    head_timeout_s: float | None = None
+    """Deadline for a plane's response head (None: planes queue requests; hung planes are
+    found by the probes)."""
+    plane_api_key: str | None = None
+    """Sent to the planes' routers as the bearer token, when they check keys."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_headers: int = 100
+    max_header_bytes: int = 64 * 1024
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Refused(Exception):
+    """No plane may serve: the message names the jurisdiction."""
+
+
+class _Opened:
+    def __init__(self, resp: Response, plane: Plane, attempt: Attempt, ranked: Ranked) -> None:
+        self.resp, self.plane, self.attempt, self.ranked = resp, plane, attempt, ranked
+
+
+class GatewayApp:
+    def __init__(self, state: GatewayState, config: GatewayConfig) -> None:
+        self.state = state
+        self.config = config
+        self.metrics = state.metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].encode() if isinstance(scope["path"], str) else scope["path"]
+        method = scope["method"]
+        if method == "POST" and path in INFERENCE_PATHS:
+            await self.inference(scope, receive, send, path.decode())
+        elif method == "GET" and path == b"/v1/models":
+            await self.models(send)
+        elif method == "GET" and path == b"/health":
+            await respond(send, 200, b"", b"text/plain")
+        elif method == "GET" and path == b"/metrics":
+            from prometheus_client import generate_latest
+
+            body = generate_latest(self.metrics.registry)
+            await respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
+        elif method == "GET" and path == b"/debug/routes":
+            await self.debug_routes(scope, send)
+        else:
+            message = (
+                f"no route {method} {path.decode()}: use /v1/chat/completions, "
+                "/v1/completions, /v1/embeddings, /v1/models or /debug/routes?model=NAME"
+            )
+            await respond(
+                send, 404, errors.error_body(message, "invalid_request_error", "not_found")
+            )
+
+    # --- inference ------------------------------------------------------------------------
+    async def inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        head = read_head(scope["headers"], _EXTRA)
+        with request_id_bound(head.request_id.decode()):  # on every line logged for it
+            await self._inference(head, receive, send, path)
+
+    async def _inference(self, head: RequestHead, receive: Receive, send: Send, path: str) -> None:
+        arrived = time.perf_counter()
+        body = await read_body(receive)
+        rid = (b"x-request-id", head.request_id)
+
+        async def fail(error: tuple[int, str], message: str, code: str, dep: str = "") -> None:
+            status, type_ = error
+            self.metrics.requests.labels(dep, "", str(status)).inc()
+            log.debug("%s %s: %d %s", path, dep or "-", status, code)
+            await respond(send, status, errors.error_body(message, type_, code), extra=(rid,))
+
+        grant = None
+        if self.config.api_keys:
+            grant = self.config.api_keys.get(hash_key(bearer(head.auth)))
+            if grant is None:
+                message = (
+                    "invalid API key: send 'Authorization: Bearer <key>' with a key this "
+                    "gateway knows"
+                )
+                await fail(errors.UNAUTHORIZED, message, "invalid_api_key")
+                return
+        tier = choose_tier(
+            grant.tier if grant else None,
+            self.config.default_tier,
+            head.priority,
+            self.config.tiers,
+        )
+        try:
+            payload, model = parse_payload(body)
+        except BadRequest as exc:
+            await fail(errors.BAD_REQUEST, str(exc), exc.code)
+            return
+        if model not in self.state.routes:
+            names = ", ".join(sorted(self.state.routes)) or "none"
+            message = f"the model `{model}` does not exist in this fleet; models: {names}"
+            await fail(errors.NOT_FOUND, message, "model_not_found")
+            return
+        asked = _jurisdictions(head, grant)
+        if asked is None:
+            message = (
+                f"x-gpufleet-jurisdiction asks for {head.wanted[JURISDICTION].decode()!r}, "
+                f"outside what this API key may use ({', '.join(sorted(grant.jurisdictions))})"
+                if grant
+                else "x-gpufleet-jurisdiction is not a list of country codes"
+            )
+            await fail(errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model)
+            return
+        region = head.wanted.get(CLIENT_REGION, b"").decode(errors="replace").strip() or None
+        self.metrics.request_size.labels(model).observe(len(body))
+        stream = payload.get("stream") is True
+        why = not_continuable(path, payload) if stream else "not streamed"
+        if not why:  # the engine's own token counts, should the stream need continuing
+            body = json.dumps(counted(payload)).encode()
+        forward = _upstream_headers(head, tier, self.config.plane_api_key)
+        client = ClientWatch(receive)
+        try:
+            opened = await self._open(model, path, forward, body, stream, region, asked, set())
+        except Refused as exc:
+            client.close()
+            await fail(NO_PLANE, str(exc), "no_healthy_plane", model)
+            return
+        except UpstreamError as exc:
+            client.close()
+            await fail(errors.BAD_GATEWAY, f"every plane tried failed: {exc}", "upstream_failed")
+            return
+        self.metrics.head_time.labels(model, opened.plane.cluster).observe(
+            time.perf_counter() - arrived
+        )
+        ours = [
+            rid,
+            (b"x-gpufleet-plane", opened.plane.cluster.encode()),
+            (b"x-gpufleet-route", opened.ranked.why.encode(errors="replace")),
+        ]
+        status, sent, plane = opened.resp.status, 0, opened.plane.cluster
+        try:
+            if stream and status == 200:
+                sent = await self._stream(
+                    opened, ours, send, client, (path, payload, why, region, asked, forward)
+                )
+            else:
+                try:
+                    relayed = await relay(
+                        opened.resp, stream, send, client, ours, f"plane {opened.plane.cluster}"
+                    )
+                    sent = relayed.size
+                finally:
+                    opened.plane.attempts.discard(opened.attempt)
+        except ClientGoneError:
+            status = 499
+        finally:
+            client.close()
+        self.metrics.requests.labels(model, plane, str(status)).inc()
+        self.metrics.response_size.labels(model, plane).observe(sent)
+        self.metrics.duration.labels(model, plane).observe(time.perf_counter() - arrived)
+        log.debug("%s %s: %d from plane %s", path, model, status, opened.plane.cluster)
+
+    async def _open(
+        self,
+        model: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        stream: bool,
+        region: str | None,
+        asked: frozenset[str],
+        tried: set[str],
+    ) -> _Opened:
+        """The first plane (in ranking order, skipping ``tried``) whose response head came.
+        Raises ``Refused`` (nothing may serve) or the last ``UpstreamError``."""
+        last: UpstreamError | None = None
+        for _ in range(self.config.max_attempts):
+            choice = self.state.choose(model, region, asked)
+            if choice is None:
+                raise Refused(f"deployment {model} left the routing table")
+            candidates = [r for r in choice.ranked if r.cluster not in tried]
+            if not candidates:
+                if choice.last_resort and last is not None:
+                    raise Refused(f"{_refusal(choice)}; tried anyway: {last}")
+                if choice.ranked and last is not None:
+                    raise last  # every healthy plane was tried and failed
+                raise Refused(_refusal(choice))
+            ranked = candidates[0]
+            plane = self.state.planes[ranked.cluster]
+            tried.add(ranked.cluster)
+            attempt = Attempt(model)
+            plane.attempts.add(attempt)
+
+            def abortable(abort: Any, attempt: Attempt = attempt) -> None:
+                attempt.cancel = abort
+
+            try:
+                resp = await plane.pool.request(
+                    "POST",
+                    path,
+                    [*headers, (CROSS_REGION, b"1" if _crosses(choice, ranked) else b"0")],
+                    body,
+                    head_timeout=self.config.head_timeout_s,
+                    connect_timeout=0.5,
+                    on_abortable=abortable,
+                )
+            except UpstreamError as exc:
+                plane.attempts.discard(attempt)
+                last = exc
+                if not isinstance(exc, UpstreamAborted) or not plane.health.ejected:
+                    self.state.failed(plane.cluster, str(exc))
+                self.metrics.failovers.labels("before_first_byte").inc()
+                continue
+            attempt.cancel = None
+            more = len(candidates) > 1
+            if resp.status in _NEXT_PLANE_STATUS and more:
+                resp.discard()
+                plane.attempts.discard(attempt)
+                self.metrics.failovers.labels(f"status_{resp.status}").inc()
+                last = UpstreamError(
+                    f"plane {plane.cluster} answered {resp.status}", before_first_byte=True
+                )
+                continue
+            attempt.started = True
+            attempt.cut = resp.cut
+            return _Opened(resp, plane, attempt, ranked)
+        assert last is not None
+        raise last
+
+    async def _stream(
+        self,
+        opened: _Opened,
+        ours: list[tuple[bytes, bytes]],
+        send: Send,
+        client: ClientWatch,
+        request: tuple[
+            str, dict[str, Any], str, str | None, frozenset[str], list[tuple[bytes, bytes]]
+        ],
+    ) -> int:
+        """Relay an SSE stream event by event; when its plane dies before ``[DONE]``,
+        continue it on another plane (one stream, no repeated or missing text, one
+        ``[DONE]``), or end it with an OpenAI-shaped error event when it cannot be.
+        Returns the bytes of events relayed."""
+        path, payload, cannot, region, asked, forward = request
+        headers = [(n, v) for n, v in opened.resp.headers if n not in _DROP_RESPONSE]
+        await send({"type": "http.response.start", "status": 200, "headers": headers + ours})
+        await send(FLUSH)
+        sent = 0
+        gone = client.gone()
+        tracker = StreamTracker.of(path, payload)
+        tried = {opened.plane.cluster}
+        moves = 0
+        while True:
+            broken = ""
+            try:
+                async for chunk in opened.resp.body():
+                    opened.plane.last_byte_at = self.state.clock()
+                    for event in tracker.feed(chunk):
+                        sent += len(event)
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                    if gone.done():
+                        raise ClientGoneError
+                if not tracker.done:
+                    broken = tracker.upstream_error or "the plane ended the stream without [DONE]"
+            except UpstreamError as exc:
+                broken = str(exc)
+            finally:
+                opened.resp.release()
+                opened.plane.attempts.discard(opened.attempt)
+            if not broken:
+                break
+            log.warning("stream from plane %s broke: %s", opened.plane.cluster, broken)
+            if not tracker.upstream_error:  # else the plane lives; one of its replicas died
+                self.state.failed(opened.plane.cluster, f"stream broke: {broken}")
+            why = cannot or tracker.why_not
+            if not why and moves >= self.config.continuations:
+                why = f"it moved {moves} times already"
+            nxt = None if why else continuation(path, counted(payload), tracker)
+            if not why and nxt is None:  # every token asked for was delivered
+                await send(
+                    {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
+                )
+                break
+            if not why and nxt is not None:
+                moves += 1
+                tracker.next_segment()
+                try:
+                    body = json.dumps(nxt).encode()
+                    opened = await self._open(
+                        str(payload["model"]), path, forward, body, True, region, asked, tried
+                    )
+                    if opened.resp.status == 200:
+                        self.metrics.failovers.labels("mid_stream").inc()
+                        continue
+                    why = f"plane {opened.plane.cluster} answered {opened.resp.status}"
+                    opened.resp.discard()
+                    opened.plane.attempts.discard(opened.attempt)
+                except (Refused, UpstreamError) as exc:
+                    why = f"no plane could continue it ({exc})"
+            await send_stream_error(
+                send,
+                f"the plane failed mid-stream and the stream cannot be continued: {why}; "
+                "the answer is incomplete: send the request again",
+                "stream_broken",
+            )
+            break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return sent
+
+    # --- other routes ---------------------------------------------------------------------
+    async def models(self, send: Send) -> None:
+        now = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": now, "owned_by": "gpufleet", "root": name}
+            for name in sorted(self.state.routes)
+        ]
+        await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+    async def debug_routes(self, scope: Scope, send: Send) -> None:
+        query = parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
+        model = (query.get("model") or [""])[0]
+        region = (query.get("region") or [None])[0]
+        asked = frozenset(
+            j.strip().upper()
+            for j in (query.get("jurisdiction") or [""])[0].split(",")
+            if j.strip()
+        )
+        choice = self.state.choose(model, region, asked)
+        if choice is None:
+            names = ", ".join(sorted(self.state.routes)) or "none"
+            message = f"no deployment `{model}` in the routing table; give ?model= one of: {names}"
+            await respond(
+                send, 404, errors.error_body(message, "invalid_request_error", "model_not_found")
+            )
+            return
+        await respond(send, 200, json.dumps(_describe(choice, self.state)).encode())
+
+
+def _jurisdictions(head: RequestHead, grant: KeyGrant | None) -> frozenset[str] | None:
+    """The request's residency: the header's codes within the key's (None: it asks for one
+    the key may not use)."""
+    raw = head.wanted.get(JURISDICTION, b"").decode(errors="replace")
+    asked = frozenset(j.strip().upper() for j in raw.split(",") if j.strip())
+    own = grant.jurisdictions if grant is not None else frozenset()
+    if asked and own:
+        return asked if asked <= own else None
+    return asked or own
+
+
+def _upstream_headers(
+    head: RequestHead, tier: int, plane_key: str | None
+) -> list[tuple[bytes, bytes]]:
+    out = [(n, v) for n, v in head.forward if n not in _EXTRA]
+    out.append((b"x-priority", str(tier).encode()))
+    if plane_key:
+        out.append((b"authorization", b"Bearer " + plane_key.encode()))
+    return out
+
+
+def _crosses(choice: Choice, ranked: Ranked) -> bool:
+    """The answer leaves the plane's region for the client's (both known)."""
+    return bool(choice.client_region and ranked.region) and choice.client_region != ranked.region
+
+
+def _refusal(choice: Choice) -> str:
+    return choice.refusal or f"no plane of deployment {choice.deployment} can serve"
+
+
+def _describe(choice: Choice, state: GatewayState) -> dict[str, Any]:
+    table = state.table
+    return {
+        "deployment": choice.deployment,
+        "gateway_region": state.region,
+        "table_version": list(table.version) if table is not None else None,
+        "reports_flowing": state.reports_flowing(state.clock()),
+        "allowed_jurisdictions": sorted(choice.allowed),
+        "ranking": [
+            {
+                "plane": r.cluster,
+                "endpoint": r.endpoint,
+                "role": r.role,
+                "expected_ttft_ms": round(r.expected_s * 1000, 2),
+                "network_ms": round(r.network_s * 1000, 2),
+                "queue_ms": round(r.queue_s * 1000, 2),
+                "cold_ms": round(r.cold_s * 1000, 2),
+                "saturated": r.saturated,
+                "why": r.why,
+            }
+            for r in choice.ranked
+        ],
+        "excluded": [{"plane": c, "why": w} for c, w in choice.excluded],
+        "refusal": choice.refusal,
+    }

@@ -1,0 +1,347 @@
+"""What one gateway holds: the routing table (persisted), each plane's signals, and the
+gateway's own bookkeeping of each plane (upstream pool, ejection, RTT, requests there now).
+
+``GatewayState`` is fed by the bus (``apply_table``, ``apply_load``: bounded, checked,
+newest table wins, a forged or oversized message is dropped and counted), by the prober and
+the dispatcher (``failed``, ``probe_ok``); ``choose`` hands the pure ``choice.rank`` a
+snapshot of all of it. Time comes from the injected clock only.
+
+``RoutesStore`` keeps the last accepted table on disk (framed with a CRC like the agent's
+desired-state slots, written to a temporary file and renamed into place), so a gateway
+restarted while NATS is unreachable routes from it at once (static stability).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from controlplane.contracts import (
+    DeploymentRoute,
+    PlaneLoad,
+    RegionPoint,
+    RejectedMessageError,
+    RoutingTable,
+    cluster_from_subject,
+    decode_plane_load,
+    decode_routing_table,
+)
+from workloadplane.gateway.choice import Choice, ChoiceParams, Context, PlaneSignals, rank
+from workloadplane.health import ReplicaHealth
+from workloadplane.router.upstream import Abort, UpstreamPool, host_port
+from workloadplane.state import frame, unframe
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+ROUTES_FILE = "routing-table"
+
+
+class RoutesStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / ROUTES_FILE
+
+    def load(self) -> RoutingTable | None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        payload = unframe(data)
+        if payload is None:
+            log.warning("ignoring torn %s", self.path)
+            return None
+        try:
+            return decode_routing_table(payload)
+        except RejectedMessageError as exc:
+            log.error("ignoring unreadable %s (%s)", self.path, exc)
+            return None
+
+    def save(self, raw: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, frame(raw))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One request's exchange with a plane: what ejecting the plane does to it."""
+
+    deployment: str
+    started: bool = False
+    cancel: Abort | None = None
+    cut: Abort | None = None
+
+
+@dataclass(eq=False)
+class Plane:
+    """The gateway's own view of one plane (one router endpoint, every deployment on it)."""
+
+    cluster: str
+    endpoint: str
+    pool: UpstreamPool
+    health: ReplicaHealth = field(default_factory=lambda: ReplicaHealth(readmit_after=2))
+    healthy_since: float | None = None
+    rtt_s: float | None = None
+    load: PlaneLoad | None = None
+    load_at: float | None = None
+    attempts: set[Attempt] = field(default_factory=set)
+    own_at_load: dict[str, int] = field(default_factory=dict)
+    last_byte_at: float | None = None
+    """When a stream from it last delivered bytes (the state's clock): a plane that is
+    streaming to us is alive, whatever one late health probe says."""
+
+    def own_in_flight(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.attempts:
+            out[a.deployment] = out.get(a.deployment, 0) + 1
+        return out
+
+    def signals(self) -> PlaneSignals:
+        loads = {d.name: d for d in self.load.deployments} if self.load is not None else {}
+        return PlaneSignals(
+            cluster=self.cluster,
+            ejected=self.health.ejected,
+            ejected_reason=self.health.reason,
+            healthy_since=self.healthy_since,
+            rtt_s=self.rtt_s,
+            load_at=self.load_at,
+            loads=loads,
+            own_in_flight=self.own_in_flight(),
+            own_at_load=self.own_at_load,
+        )
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gpufleet_gateway_requests",
+            "Requests answered, by deployment, plane and status code",
+            ["deployment", "plane", "code"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "gpufleet_gateway_rejected_messages",
+            "Routing tables and load reports the gateway dropped, by kind and reason",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "gpufleet_gateway_failovers",
+            "Requests moved to another plane, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "gpufleet_gateway_plane_ejections",
+            "Planes taken out of rotation",
+            ["plane"],
+            registry=r,
+        )
+        sizes = tuple(float(4**k) for k in range(3, 13))  # 64 B … 16 MiB
+        self.request_size = Histogram(
+            "gpufleet_gateway_request_size_bytes",
+            "Request bodies read, by deployment",
+            ["deployment"],
+            buckets=sizes,
+            registry=r,
+        )
+        self.response_size = Histogram(
+            "gpufleet_gateway_response_size_bytes",
+            "Response bodies sent to the client, by deployment and plane",
+            ["deployment", "plane"],
+            buckets=sizes,
+            registry=r,
+        )
+        times = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+        self.head_time = Histogram(
+            "gpufleet_gateway_time_to_response_head_seconds",
+            "From the request's arrival to the serving plane's response head (failovers "
+            "before it included)",
+            ["deployment", "plane"],
+            buckets=times,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gpufleet_gateway_request_duration_seconds",
+            "From the request's arrival to its last byte sent (mid-stream moves included)",
+            ["deployment", "plane"],
+            buckets=(*times, 120.0, 300.0),
+            registry=r,
+        )
+
+
+class GatewayState:
+    def __init__(
+        self,
+        region: str,
+        clock: Clock,
+        store: RoutesStore | None = None,
+        params: ChoiceParams | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.region = region
+        self.clock = clock
+        self.store = store
+        self.params = params or ChoiceParams()
+        self.metrics = metrics or GatewayMetrics()
+        self.table: RoutingTable | None = None
+        self.planes: dict[str, Plane] = {}
+        self.routes: dict[str, DeploymentRoute] = {}
+        self.regions: dict[str, RegionPoint] = {}
+        self.last_report_at: float | None = None
+        self.bus_connected = False
+
+    # --- feeding --------------------------------------------------------------------------
+    def restore(self) -> bool:
+        """Route from the persisted table (before NATS answers); True if there was one."""
+        table = self.store.load() if self.store is not None else None
+        if table is None:
+            return False
+        self._install(table)
+        log.info("routing from the persisted table %s", table.version)
+        return True
+
+    def apply_table(self, data: bytes) -> bool:
+        """A table from the bus: installed and persisted if valid and newer."""
+        try:
+            table = decode_routing_table(data)
+        except RejectedMessageError as exc:
+            self.metrics.rejected.labels("routing_table", exc.reason).inc()
+            log.warning("rejected a routing table: %s", exc)
+            return False
+        if self.table is not None and table.version <= self.table.version:
+            if table.version < self.table.version:
+                self.metrics.rejected.labels("routing_table", "older").inc()
+            return False
+        self._install(table)
+        if self.store is not None:
+            self.store.save(data)
+        return True
+
+    def _install(self, table: RoutingTable) -> None:
+        self.table = table
+        self.routes = {d.name: d for d in table.deployments}
+        self.regions = {r.name: r for r in table.regions}
+        wanted: dict[str, str] = {}
+        for d in table.deployments:
+            for p in d.planes:
+                wanted[p.cluster] = p.endpoint
+        for cluster in [c for c in self.planes if c not in wanted]:
+            self.planes.pop(cluster).pool.close()
+        for cluster, endpoint in wanted.items():
+            plane = self.planes.get(cluster)
+            if plane is not None and plane.endpoint == endpoint:
+                continue
+            if plane is not None:
+                plane.pool.close()
+            host, port = host_port(endpoint)
+            self.planes[cluster] = Plane(cluster, endpoint, UpstreamPool(host, port))
+
+    def apply_load(self, subject: str, data: bytes) -> bool:
+        """A plane's load report: kept if valid and sent by the plane it names (the last
+        one to arrive wins: one publisher per plane, core NATS keeps its order)."""
+        try:
+            load = decode_plane_load(data)
+        except RejectedMessageError as exc:
+            self.metrics.rejected.labels("plane_load", exc.reason).inc()
+            return False
+        sender = cluster_from_subject(subject)
+        if sender != load.cluster or load.source != f"cluster/{load.cluster}":
+            self.metrics.rejected.labels("plane_load", "forged").inc()
+            log.warning("rejected a load report for %s sent on %s", load.cluster, subject)
+            return False
+        now = self.clock()
+        self.last_report_at = now
+        plane = self.planes.get(load.cluster)
+        if plane is None:
+            return False
+        plane.load, plane.load_at = load, now
+        plane.own_at_load = plane.own_in_flight()
+        return True
+
+    # --- the gateway's own outcomes -------------------------------------------------------
+    def failed(self, cluster: str, reason: str, *, hung: bool = False) -> bool:
+        """Take the plane out of rotation; its exchanges that got no byte are aborted (they
+        go to the next plane); ``hung``: the streams flowing from it are cut too (they
+        continue elsewhere). True if this ejected it now."""
+        plane = self.planes.get(cluster)
+        if plane is None:
+            return False
+        if hung:
+            for a in list(plane.attempts):
+                if a.started and a.cut is not None:
+                    a.cut(f"plane {cluster} stopped answering: {reason}")
+        if not plane.health.failed(self.clock(), reason):
+            return False
+        log.warning("plane %s out of rotation: %s", cluster, reason)
+        self.metrics.ejections.labels(cluster).inc()
+        for a in list(plane.attempts):
+            if not a.started and a.cancel is not None:
+                a.cancel(f"plane {cluster} out of rotation: {reason}")
+        return True
+
+    def probe_failed(self, cluster: str, reason: str, began: float) -> bool:
+        """A health probe sent at ``began`` failed or came late: the plane is out of
+        rotation and its streams are cut (``failed(hung=True)``) — unless a stream from it
+        delivered bytes since the probe was sent: then its router is alive but slow to
+        answer /health (a loaded machine), and cutting streams that flow would lose work.
+        The next probe decides. True if this ejected it."""
+        plane = self.planes.get(cluster)
+        if plane is None:
+            return False
+        if plane.last_byte_at is not None and plane.last_byte_at >= began:
+            log.info("plane %s: %s, but it is streaming: kept in rotation", cluster, reason)
+            return False
+        return self.failed(cluster, reason, hung=True)
+
+    def probe_ok(self, cluster: str, rtt_s: float) -> None:
+        plane = self.planes.get(cluster)
+        if plane is None:
+            return
+        plane.rtt_s = rtt_s if plane.rtt_s is None else 0.7 * plane.rtt_s + 0.3 * rtt_s
+        if plane.health.probe_ok():
+            plane.healthy_since = self.clock()
+            log.info("plane %s back in rotation (ramping up)", cluster)
+
+    # --- the decision ---------------------------------------------------------------------
+    def reports_flowing(self, now: float) -> bool:
+        return (
+            self.bus_connected
+            and self.last_report_at is not None
+            and now - self.last_report_at <= self.params.load_stale_s
+        )
+
+    def choose(
+        self, deployment: str, client_region: str | None, jurisdictions: frozenset[str]
+    ) -> Choice | None:
+        """The ranking for one request (None: no such deployment in the table)."""
+        route = self.routes.get(deployment)
+        if route is None:
+            return None
+        now = self.clock()
+        client = self.regions.get(client_region or self.region) or self.regions.get(self.region)
+        ctx = Context(
+            now=now,
+            client=client,
+            gateway_region=self.region,
+            jurisdictions=jurisdictions,
+            reports_flowing=self.reports_flowing(now),
+        )
+        signals = {c: p.signals() for c, p in self.planes.items()}
+        return rank(route, signals, ctx, self.params)
+
+    def close(self) -> None:
+        for plane in self.planes.values():
+            plane.pool.close()

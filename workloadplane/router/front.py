@@ -1,0 +1,254 @@
+"""The OpenAI front shared by the plane's router and the gateway: reading a request (body,
+request id, API key and tier, ``model``), relaying an upstream response chunk by chunk, and
+the small ASGI helpers. HTTP only; what to send where is the caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet_logging import clean_request_id
+from workloadplane.router import errors
+from workloadplane.router.upstream import Response, UpstreamError
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+INFERENCE_PATHS = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
+DROP_REQUEST = {
+    b"host",
+    b"content-length",
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"authorization",
+    b"te",
+    b"upgrade",
+    b"expect",
+    b"x-priority",
+    b"x-request-id",  # sent on clean, see read_head
+}
+DROP_RESPONSE = {
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"date",
+    b"server",
+    b"x-request-id",
+}
+_TIERS = {"high": 0, "normal": 1, "low": 2}
+_random_bits = random.getrandbits
+FLUSH = {"type": "http.response.body", "body": b"", "more_body": True}
+
+
+class ClientGoneError(Exception):
+    """The client went away while its request waited or streamed."""
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """What the front reads of a request's headers."""
+
+    request_id: bytes
+    """The client's X-Request-Id, cleaned (printable ASCII, at most 64), or a new one."""
+    auth: bytes
+    priority: bytes
+    forward: list[tuple[bytes, bytes]]
+    """Headers to send upstream (hop-by-hop, auth and priority dropped; X-Request-Id set to
+    ``request_id``, so every hop behind logs the same id)."""
+    wanted: dict[bytes, bytes]
+    """The values of the ``extra`` header names the caller asked for."""
+
+
+def read_head(
+    headers: list[tuple[bytes, bytes]], extra: frozenset[bytes] = frozenset()
+) -> RequestHead:
+    request_id, auth, priority = b"", b"", b""
+    fwd: list[tuple[bytes, bytes]] = []
+    wanted: dict[bytes, bytes] = {}
+    for name, value in headers:
+        if name == b"x-request-id":
+            request_id = value
+        elif name == b"authorization":
+            auth = value
+        elif name == b"x-priority":
+            priority = value
+        elif name in extra:
+            wanted[name] = value
+        if name not in DROP_REQUEST:
+            fwd.append((name, value))
+    clean = clean_request_id(request_id) if request_id else None
+    # none from the client: a new one, unique, needn't be secret
+    request_id = clean.encode() if clean else b"%032x" % _random_bits(128)
+    fwd.append((b"x-request-id", request_id))
+    return RequestHead(request_id, auth, priority, fwd, wanted)
+
+
+def bearer(auth: bytes) -> str:
+    return auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
+
+
+def choose_tier(known: int | None, default: int, priority: bytes, tiers: int) -> int:
+    """The key's tier (or ``default`` without keys), lowered by an ``X-Priority`` header,
+    never raised."""
+    tier = best = default if known is None else known
+    if priority:
+        asked = parse_tier(priority)
+        if asked is not None:
+            tier = max(asked, best)
+    return min(max(tier, 0), tiers - 1)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_payload(body: bytes) -> tuple[dict[str, Any], str]:
+    """The JSON object and its ``model``, or ``BadRequest``."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        message = f"the body is not valid JSON ({exc}): send a JSON object with at least 'model'"
+        raise BadRequest(message, "invalid_json") from exc
+    model = payload.get("model") if isinstance(payload, dict) else None
+    if not isinstance(model, str):
+        message = "'model' is missing or not a string: name one of GET /v1/models"
+        raise BadRequest(message, "missing_model")
+    return payload, model
+
+
+@dataclass(slots=True)
+class Relayed:
+    size: int = 0
+    events: int = 0
+    first: float = 0.0
+    tail: bytes = b""
+    complete: bool = False
+
+
+async def relay(
+    resp: Response,
+    stream: bool,
+    send: Send,
+    client: ClientWatch,
+    headers: list[tuple[bytes, bytes]],
+    what: str,
+) -> Relayed:
+    """Relay ``resp`` to the client as it arrives (``headers`` added to its own); a stream
+    cut after its head ends with an OpenAI-shaped SSE error event and no ``[DONE]``.
+    Raises ``ClientGoneError`` when the client left. ``what``: the upstream, for the log."""
+    out = [(n, v) for n, v in resp.headers if n not in DROP_RESPONSE]
+    out += headers
+    await send({"type": "http.response.start", "status": resp.status, "headers": out})
+    gone = client.watching
+    if stream:  # the head goes out now; else it leaves with the body, in one write
+        await send(FLUSH)
+        gone = client.gone()
+    r = Relayed()
+    try:
+        async for chunk in resp.body():
+            if not r.first:
+                r.first = time.perf_counter()
+            r.size += len(chunk)
+            if stream:
+                r.events += chunk.count(b"data: ")
+                r.tail = chunk[-512:]
+            elif r.size <= 65536:
+                r.tail += chunk
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if gone is not None and gone.done():
+                raise ClientGoneError
+        r.complete = True
+    except UpstreamError as exc:
+        log.warning("%s: the stream broke after the first byte: %s", what, exc)
+        if stream:  # no [DONE]: the client must not take a cut stream for a whole one
+            await send_stream_error(
+                send,
+                f"the replica failed mid-stream ({exc}); the answer is incomplete: "
+                "send the request again",
+                "stream_broken",
+            )
+    finally:
+        resp.release()
+        if stream:
+            client.close()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return r
+
+
+async def send_stream_error(send: Send, message: str, code: str) -> None:
+    error = errors.error_body(message, "upstream_error", code)
+    chunk = b"data: " + error + b"\n\n"
+    await send({"type": "http.response.body", "more_body": True, "body": chunk})
+
+
+class ClientWatch:
+    """The client's side of the connection: a watch for its disconnect, started on first
+    need (waiting in the queue, streaming) and shared by both."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.watching: asyncio.Future[Any] | None = None
+
+    def gone(self) -> asyncio.Future[Any]:
+        if self.watching is None:
+            self.watching = asyncio.ensure_future(self._receive())
+        return self.watching
+
+    def close(self) -> None:
+        if self.watching is not None and not self.watching.done():
+            self.watching.cancel()
+
+
+def parse_tier(value: bytes) -> int | None:
+    text = value.decode(errors="replace").strip().lower()
+    if text in _TIERS:
+        return _TIERS[text]
+    return int(text) if text.isdigit() else None
+
+
+async def read_body(receive: Receive) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    while message.get("more_body"):
+        message = await receive()
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    headers += extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

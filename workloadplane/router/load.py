@@ -1,0 +1,82 @@
+"""What a plane tells the gateways about its load: a rolling window of recent requests and
+the pure step from the router's state to a ``PlaneLoad`` report.
+
+``RecentWindow`` keeps, per deployment, the completion times and time-to-first-token of the
+requests answered in the last ``window_s`` seconds (bounded: at most ``max_samples`` each);
+``plane_load`` turns the router's table (ready/starting replicas, in flight, queued, the
+concurrency limit) and that window into the report. The clock is passed in.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+
+from controlplane.contracts import DeploymentLoad, PlaneLoad
+from workloadplane.router.core import Router
+
+
+class RecentWindow:
+    """Recent completions per deployment: (time, ttft or None)."""
+
+    def __init__(self, window_s: float = 10.0, max_samples: int = 4096) -> None:
+        self.window_s = window_s
+        self.max_samples = max_samples
+        self._done: dict[str, collections.deque[tuple[float, float | None]]] = {}
+
+    def finished(self, deployment: str, now: float, ttft_s: float | None) -> None:
+        samples = self._done.get(deployment)
+        if samples is None:
+            samples = self._done[deployment] = collections.deque(maxlen=self.max_samples)
+        samples.append((now, ttft_s))
+
+    def summary(self, deployment: str, now: float) -> tuple[float | None, float]:
+        """(median TTFT, completions per second) over the window ending at ``now``."""
+        samples = self._done.get(deployment)
+        if not samples:
+            return None, 0.0
+        while samples and samples[0][0] < now - self.window_s:
+            samples.popleft()
+        if not samples:
+            return None, 0.0
+        ttfts = [t for _, t in samples if t is not None]
+        span = min(self.window_s, max(now - samples[0][0], 1.0))
+        median = statistics.median(ttfts) if ttfts else None
+        return median, len(samples) / span
+
+
+def plane_load(
+    router: Router,
+    window: RecentWindow,
+    cluster: str,
+    *,
+    sequence: int,
+    interval_s: float,
+    now: float,
+) -> PlaneLoad:
+    """The plane's load report as its router sees it at ``now`` (``now`` on the window's
+    clock)."""
+    deployments = []
+    for name, entry in router.deployments.items():
+        ready = sum(1 for b in entry.backends.values() if b.routable)
+        starting = sum(1 for b in entry.backends.values() if b.state == "starting")
+        ttft, rate = window.summary(name, now)
+        deployments.append(
+            DeploymentLoad(
+                name=name,
+                ready_replicas=ready,
+                starting_replicas=starting,
+                in_flight=entry.in_flight(),
+                queue_depth=len(entry.queue),
+                capacity=ready * entry.limit,
+                ttft_seconds=ttft,
+                service_rate=rate,
+            )
+        )
+    return PlaneLoad(
+        cluster=cluster,
+        source=f"cluster/{cluster}",
+        sequence=sequence,
+        interval_seconds=interval_s,
+        deployments=deployments,
+    )
