@@ -307,6 +307,7 @@ class GatewayApp:
                 continue
             attempt.started = True
             attempt.cut = resp.cut
+            attempt.alive_at = self.state.clock()
             return _Opened(resp, plane, attempt, ranked)
         assert last is not None
         raise last
@@ -338,7 +339,7 @@ class GatewayApp:
             broken = ""
             try:
                 async for chunk in opened.resp.body():
-                    opened.plane.last_byte_at = self.state.clock()
+                    opened.plane.last_byte_at = opened.attempt.alive_at = self.state.clock()
                     for event in tracker.feed(chunk):
                         sent += len(event)
                         await send({"type": "http.response.body", "body": event, "more_body": True})

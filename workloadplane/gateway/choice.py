@@ -55,6 +55,9 @@ class ChoiceParams:
     ramp_floor: float = 0.1
     measured_rtt: bool = True
     """False: the time-zone model only (every plane on one machine: demos, tests)."""
+    stream_stall_s: float = 1.0
+    """A late probe cuts only the plane's exchanges silent this long (no head, no byte): one
+    still in its prefill, or slowed by a loaded machine, is alive, not hung."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
 """Active probes of every plane's router: ``GET /health`` every ``interval_s`` (each plane on
 its own cadence), ``timeout_s`` to answer. A failed or late probe takes the plane out of
-rotation (``hung``: its streams are cut and continue elsewhere), so a hung plane is out
-within ``interval_s + timeout_s`` (0.25 + 0.5 s) — unless a stream from it delivered bytes
-since the probe was sent (``GatewayState.probe_failed``: alive, only slow to answer
-/health); two good ones bring it back. Each good
+rotation (``hung``: its streams silent for ``stream_stall_s``, 1 s, are cut and continue
+elsewhere), so a hung plane is out within ``interval_s + timeout_s`` (0.25 + 0.5 s) and its
+streams move within about 1.5 s — unless a stream from it delivered bytes since the probe
+was sent (``GatewayState.probe_failed``: alive, only slow to answer /health); two good ones
+bring it back. Each good
 probe's round trip is the plane's measured RTT (smoothed), which replaces the time-zone
 latency model in the choice.
 """

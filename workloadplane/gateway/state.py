@@ -81,6 +81,8 @@ class Attempt:
     started: bool = False
     cancel: Abort | None = None
     cut: Abort | None = None
+    alive_at: float | None = None
+    """When its plane last showed it alive: the response head, then each chunk."""
 
 
 @dataclass(eq=False)
@@ -274,14 +276,17 @@ class GatewayState:
     # --- the gateway's own outcomes -------------------------------------------------------
     def failed(self, cluster: str, reason: str, *, hung: bool = False) -> bool:
         """Take the plane out of rotation; its exchanges that got no byte are aborted (they
-        go to the next plane); ``hung``: the streams flowing from it are cut too (they
-        continue elsewhere). True if this ejected it now."""
+        go to the next plane); ``hung``: its streams silent for ``stream_stall_s`` are cut
+        too (they continue elsewhere; the next late probe looks at the others again). True
+        if this ejected it now."""
         plane = self.planes.get(cluster)
         if plane is None:
             return False
         if hung:
+            now = self.clock()
             for a in list(plane.attempts):
-                if a.started and a.cut is not None:
+                silent = a.alive_at is None or now - a.alive_at >= self.params.stream_stall_s
+                if a.started and a.cut is not None and silent:
                     a.cut(f"plane {cluster} stopped answering: {reason}")
         if not plane.health.failed(self.clock(), reason):
             return False
@@ -294,7 +299,7 @@ class GatewayState:
 
     def probe_failed(self, cluster: str, reason: str, began: float) -> bool:
         """A health probe sent at ``began`` failed or came late: the plane is out of
-        rotation and its streams are cut (``failed(hung=True)``) — unless a stream from it
+        rotation and its silent streams are cut (``failed(hung=True)``) — unless a stream from it
         delivered bytes since the probe was sent: then its router is alive but slow to
         answer /health (a loaded machine), and cutting streams that flow would lose work.
         The next probe decides. True if this ejected it."""

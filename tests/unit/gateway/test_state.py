@@ -120,7 +120,13 @@ def test_a_late_probe_does_not_cut_a_plane_that_is_streaming_but_one_that_is_sil
     assert cuts == [] and not plane.health.ejected
     sent = clock.now  # the next probe: nothing arrives any more
     clock.now += 0.5
+    prefill = Attempt("chat1", started=True, cut=cuts.append, alive_at=clock.now - 0.4)
+    plane.attempts.add(prefill)  # its head came 0.4 s ago; its first token is still due
     assert state.probe_failed("a", "health probe: timed out", sent)
     assert len(cuts) == 1 and "stopped answering" in cuts[0]
     assert plane.health.ejected
+    plane.attempts = {prefill}  # the cut stream has left (it continues elsewhere)
+    clock.now += 0.75  # the next late probe: the new stream is silent for 1.15 s now
+    assert not state.probe_failed("a", "health probe: timed out", clock.now - 0.5)
+    assert len(cuts) == 2
     state.close()

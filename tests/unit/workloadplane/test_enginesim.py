@@ -218,13 +218,19 @@ async def test_models_and_health() -> None:
 
 
 async def test_continuous_batching_caps_running_and_queues_the_rest() -> None:
-    sim = make_sim(tokens_per_s=200.0, max_num_seqs=2)
+    # 20 tokens at 40 tokens/s: each pair runs 0.5 s, long enough to see all 5 admitted
+    # however slowly a loaded machine delivers the requests to the engine.
+    sim = make_sim(tokens_per_s=40.0, max_num_seqs=2)
     async with client_for(sim) as http:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 20, "ignore_eos": True}
         tasks = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(5)]
-        await asyncio.sleep(0.05)
-        assert len(sim.engine.running) == 2
-        assert len(sim.engine.waiting) == 3
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while (len(sim.engine.running), len(sim.engine.waiting)) != (2, 3):
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"never 2 running and 3 waiting: {len(sim.engine.running)} running, "
+                f"{len(sim.engine.waiting)} waiting"
+            )
+            await asyncio.sleep(0.005)
         metrics = (await http.get("/metrics")).text
         assert 'vllm:num_requests_running{engine="0",model_name="tiny"} 2.0' in _sorted(metrics)
         assert 'vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0' in _sorted(metrics)
