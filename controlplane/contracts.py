@@ -223,6 +223,19 @@ class DeploymentDesired(Model):
     routing_weight: float = Field(default=1.0, ge=0, description="share of global traffic")
     priority: int = 0
     autoscaling: AutoscalingPolicy = Field(default_factory=AutoscalingPolicy)
+    serves: str = Field(
+        default="",
+        max_length=128,
+        description="a rollout lane: the deployment whose requests this entry's replicas "
+        "answer (they serve that model name); empty: its own name (added within v1)",
+    )
+    traffic_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="a lane's share of the requests for ``serves`` on this plane (sticky per "
+        "session key); the served deployment takes the rest (added within v1)",
+    )
 
 
 ReplicaState = Literal["starting", "ready", "draining", "failed"]
@@ -268,6 +281,43 @@ class TokenCounters(Model):
     )
 
 
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+"""Upper bounds of ``OutcomeCounters``' latency buckets (a last one counts the rest)."""
+
+
+class OutcomeCounters(Model):
+    """What one deployment's (or rollout lane's) requests came to on a plane's router since
+    ``since`` (a restarted router starts again from zero): counters, so a window is the
+    difference of two reports. Counts only, never content."""
+
+    since: str = Field(max_length=64)
+    requests: int = Field(default=0, ge=0)
+    errors: int = Field(default=0, ge=0, description="5xx answers and engine errors mid-stream")
+    ttft_buckets: list[int] = Field(
+        default_factory=list,
+        max_length=len(LATENCY_BUCKETS_S) + 1,
+        description="requests by time to first byte, per LATENCY_BUCKETS_S (+ the rest)",
+    )
+    e2e_buckets: list[int] = Field(
+        default_factory=list,
+        max_length=len(LATENCY_BUCKETS_S) + 1,
+        description="requests by end-to-end time, per LATENCY_BUCKETS_S (+ the rest)",
+    )
+
+
 class DeploymentObserved(Model):
     name: str
     demand: int = Field(default=0, ge=0, description="replicas the autoscaler wants, even > max")
@@ -277,6 +327,11 @@ class DeploymentObserved(Model):
     utilisation: float = Field(default=0.0, ge=0)
     usage: TokenCounters | None = Field(
         default=None, description="the router's token and byte counters (added within v1)"
+    )
+    outcomes: OutcomeCounters | None = Field(
+        default=None,
+        description="the router's request outcomes and latencies: a rollout's gates "
+        "(added within v1)",
     )
 
 

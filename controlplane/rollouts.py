@@ -24,9 +24,12 @@ keep window). Commands — pause, resume, promote, rollback — are transitions 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
+
+from controlplane.contracts import LATENCY_BUCKETS_S, OutcomeCounters
 
 
 class Phase(StrEnum):
@@ -69,6 +72,56 @@ class Window:
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+
+def quantile_of(buckets: Sequence[int], q: float) -> float:
+    """The ``q`` quantile of a bucketed latency (``LATENCY_BUCKETS_S`` bounds, then the
+    rest), as the upper bound of the bucket it falls in; the rest count as twice the last
+    bound. 0.0 when the buckets hold nothing."""
+    total = sum(buckets)
+    if total <= 0:
+        return 0.0
+    need, seen = q * total, 0
+    for i, n in enumerate(buckets):
+        seen += n
+        if seen >= need:
+            return LATENCY_BUCKETS_S[i] if i < len(LATENCY_BUCKETS_S) else 2 * LATENCY_BUCKETS_S[-1]
+    return 2 * LATENCY_BUCKETS_S[-1]
+
+
+def outcomes_delta(before: OutcomeCounters | None, after: OutcomeCounters) -> OutcomeCounters:
+    """What happened between two reports of one router (a new ``since``: it restarted, so
+    ``after`` counts from zero and is the whole delta)."""
+    if before is None or before.since != after.since:
+        return after
+
+    def minus(a: list[int], b: list[int]) -> list[int]:
+        width = max(len(a), len(b))
+        a, b = a + [0] * (width - len(a)), b + [0] * (width - len(b))
+        return [max(0, x - y) for x, y in zip(a, b, strict=True)]
+
+    return OutcomeCounters(
+        since=after.since,
+        requests=max(0, after.requests - before.requests),
+        errors=max(0, after.errors - before.errors),
+        ttft_buckets=minus(after.ttft_buckets, before.ttft_buckets),
+        e2e_buckets=minus(after.e2e_buckets, before.e2e_buckets),
+    )
+
+
+def window_of(deltas: Sequence[OutcomeCounters]) -> Window:
+    """One revision's window from its deltas on every plane (bucket counts add up)."""
+
+    def added(lists: list[list[int]]) -> list[int]:
+        width = max((len(x) for x in lists), default=0)
+        return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
+
+    return Window(
+        requests=sum(d.requests for d in deltas),
+        errors=sum(d.errors for d in deltas),
+        p99_ttft_s=quantile_of(added([d.ttft_buckets for d in deltas]), 0.99),
+        p99_e2e_s=quantile_of(added([d.e2e_buckets for d in deltas]), 0.99),
+    )
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,30 @@ def test_the_replicas_split_between_revisions_without_doubling():
     assert ro.split(20, 0.25) == (5, 15)
     assert ro.split(3, 0.5) == (2, 2)  # at most one more than the deployment's size
     assert ro.split(20, 1.0) == (20, 0)
+
+
+def test_windows_come_from_the_difference_of_two_router_reports_summed_over_planes():
+    from controlplane.contracts import LATENCY_BUCKETS_S, OutcomeCounters
+
+    width = len(LATENCY_BUCKETS_S) + 1
+    at_100ms, at_1s, rest = LATENCY_BUCKETS_S.index(0.1), LATENCY_BUCKETS_S.index(1.0), width - 1
+
+    def report(since: str, requests: int, errors: int, slow: int) -> OutcomeCounters:
+        ttft = [0] * width
+        ttft[at_100ms], ttft[at_1s] = requests - slow, slow
+        e2e = [0] * width
+        e2e[rest] = requests
+        return OutcomeCounters(since=since, requests=requests, errors=errors,
+                               ttft_buckets=ttft, e2e_buckets=e2e)  # fmt: skip
+
+    # plane a: 200 more requests, 3 of them slow; plane b restarted (a new since): all of it
+    a = ro.outcomes_delta(report("a1", 100, 1, 0), report("a1", 300, 4, 3))
+    b = ro.outcomes_delta(report("b1", 900, 50, 9), report("b2", 100, 0, 0))
+    assert (a.requests, a.errors, b.requests, b.errors) == (200, 3, 100, 0)
+    window = ro.window_of([a, b])
+    assert (window.requests, window.errors) == (300, 3)
+    assert window.p99_ttft_s == 0.1  # 3 slow of 300: exactly the 1 % above the p99
+    assert window.p99_e2e_s == 2 * LATENCY_BUCKETS_S[-1]  # beyond the last bound
+    worse = ro.window_of([ro.outcomes_delta(None, report("c", 100, 0, 5))])
+    assert worse.p99_ttft_s == 1.0
+    assert ro.window_of([]) == ro.Window(0, 0, 0.0, 0.0)
