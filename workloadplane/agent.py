@@ -321,7 +321,11 @@ class Agent:
             try:
                 if isinstance(action, StartReplica):
                     await self.runtime.start(
-                        action.deployment, action.spec, pool=action.pool, instance=action.instance
+                        action.deployment,
+                        action.spec,
+                        pool=action.pool,
+                        instance=action.instance,
+                        serves=action.serves,
                     )
                     started = True
                 elif isinstance(action, DrainReplica):
@@ -438,6 +442,7 @@ class Agent:
                         in_flight=in_flight,
                         queue_depth=queued,
                         usage=self.router.usage(d.name) if self.router else None,
+                        outcomes=self.router.outcomes(d.name) if self.router else None,
                     )
                 )
         return ObservedState(

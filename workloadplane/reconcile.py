@@ -54,6 +54,8 @@ class StartReplica:
     spec: RevisionSpec
     pool: str | None = None
     instance: str | None = None
+    serves: str = ""
+    """A rollout lane: the deployment name its replica answers to."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,11 @@ def _reconcile_deployment(
         up = _by_id([r for r in group if r.state == "ready"])
         for _ in range(n - len(group)):
             instance = instances.place(slot.pool, deployment.spec.gpus_per_replica)
-            actions.append(StartReplica(deployment.name, deployment.spec, slot.pool, instance))
+            actions.append(
+                StartReplica(
+                    deployment.name, deployment.spec, slot.pool, instance, deployment.serves
+                )
+            )
         excess = max(0, len(group) - n)
         for r in reversed(starting):
             if excess == 0:

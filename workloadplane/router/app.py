@@ -117,6 +117,8 @@ class RouterApp:
         ) -> None:
             status, type_ = error
             self.metrics.answered(deployment, str(status))
+            if deployment and status >= 500:
+                self.router.count_outcome(deployment, True, None, time.perf_counter() - arrived)
             log.debug("%s %s: %d %s", path.decode(), deployment or "-", status, code)
             body = errors.error_body(message, type_, code)
             await respond(send, status, body, extra=(rid_header, *extra))
@@ -148,6 +150,10 @@ class RouterApp:
             tier=tier,
             affinity_key=self._affinity_key(model, payload),
             adapter=model if model != entry.name else None,
+        )
+        user = payload.get("user")
+        entry = self.router.lane_for(  # a rollout's canary takes its share (sticky)
+            entry, ticket.affinity_key or (user if isinstance(user, str) else None)
         )
         dep = entry.name
         self.metrics.of(dep).request_bytes.observe(len(body))
@@ -209,6 +215,12 @@ class RouterApp:
         m.e2e.observe(end - arrived)
         if r.first:
             m.ttft.observe(r.first - arrived)
+        self.router.count_outcome(
+            dep,
+            status >= 500 or not r.complete,
+            r.first - arrived if r.first else None,
+            end - arrived,
+        )
         if r.complete:
             ttft = r.first - arrived if r.first else None
             self.metrics.recent.finished(dep, self.router.clock(), ttft)

@@ -12,16 +12,25 @@ held, not failed); ``release`` frees the slot and dispatches the queue's head. `
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import hashlib
 import itertools
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.contracts import DeploymentDesired, ReplicaStatus, TokenCounters
+from controlplane.contracts import (
+    LATENCY_BUCKETS_S,
+    DeploymentDesired,
+    OutcomeCounters,
+    ReplicaStatus,
+    TokenCounters,
+)
 from workloadplane.health import ReplicaHealth
 from workloadplane.queue import AdmissionQueue, Waiting
 from workloadplane.router.upstream import Abort, UpstreamPool, host_port
@@ -165,6 +174,9 @@ class DeploymentEntry:
         self.model_id = spec.spec.model_id
         self.max_replicas = spec.quota.max
         self.limit = concurrency_limit(spec, config)
+        self.serves = spec.serves
+        """A rollout lane: the deployment whose requests it takes a share of ("": none)."""
+        self.share = spec.traffic_share if spec.serves else 0.0
 
     def in_flight(self) -> int:
         return sum(b.outstanding for b in self.backends.values())
@@ -176,6 +188,20 @@ class DeploymentEntry:
             self.drain_rate = 0.5 * self.drain_rate + 0.5 * self.dispatched / elapsed
             self.dispatched, self.rate_at = 0, now
         return self.drain_rate
+
+
+@dataclass
+class _Outcomes:
+    ttft: list[int]
+    e2e: list[int]
+    requests: int = 0
+    errors: int = 0
+
+
+def _unit(key: str) -> float:
+    """A session key's fixed point in [0, 1)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 class ScaleFromZero:
@@ -216,6 +242,7 @@ class Router:
         self.since = uuid.uuid4().hex
         """Names this router's counters: a restarted router counts from zero again."""
         self._usage: dict[str, list[int]] = {}
+        self._outcomes: dict[str, _Outcomes] = {}
 
     # --- feeding -------------------------------------------------------------------------
     def set_deployments(self, deployments: Sequence[DeploymentDesired]) -> None:
@@ -281,13 +308,44 @@ class Router:
 
     # --- lookups -------------------------------------------------------------------------
     def resolve(self, model: str) -> DeploymentEntry | None:
+        """The deployment a request for ``model`` asks for (a lane is never asked for by
+        name: it takes a share of its deployment's requests, see ``lane_for``)."""
         name = self._aliases.get(model)
-        return self.deployments.get(name) if name is not None else None
+        entry = self.deployments.get(name) if name is not None else None
+        return entry if entry is not None and not entry.serves else None
+
+    def lane_for(self, entry: DeploymentEntry, session_key: str | None) -> DeploymentEntry:
+        """Where one request for ``entry`` goes: a rollout lane of it, for that lane's
+        ``traffic_share`` of the requests, else ``entry`` itself. Sticky: one session key
+        always draws the same point in [0, 1), so a conversation stays on one revision
+        while the shares stay put (a larger share keeps the sessions a smaller one had).
+        A lane with no ready replica in rotation takes nothing (it is still scaling, or
+        its replicas failed): its share goes to the deployment, nothing waits for it."""
+        lanes = [
+            e
+            for e in self.deployments.values()
+            if e.serves == entry.name
+            and e.share > 0
+            and e.name in self._desired
+            and any(b.routable for b in e.backends.values())
+        ]
+        if not lanes:
+            return entry
+        point = _unit(session_key) if session_key else random.random()
+        edge = 0.0
+        for lane in sorted(lanes, key=lambda e: e.name):
+            edge += lane.share
+            if point < edge:
+                return lane
+        return entry
 
     def model_ids(self) -> list[tuple[str, str | None]]:
-        """(model id, parent) pairs: deployments and the adapters their replicas serve."""
+        """(model id, parent) pairs: deployments and the adapters their replicas serve (not
+        rollout lanes: they answer their deployment's name)."""
         out: list[tuple[str, str | None]] = []
         for entry in self.deployments.values():
+            if entry.serves:
+                continue
             out.append((entry.name, None))
             extra = set().union(*[b.models for b in entry.backends.values()]) - {entry.name}
             out += [(m, entry.name) for m in sorted(extra)]
@@ -315,6 +373,35 @@ class Router:
         counts[2] += max(0, response_bytes)
         if cross_region:
             counts[3] += max(0, response_bytes)
+
+    def count_outcome(
+        self, deployment: str, error: bool, ttft_s: float | None, e2e_s: float
+    ) -> None:
+        """One answer of ``deployment`` (or a lane): an error (5xx, or an engine error in
+        its stream), its time to first byte and end to end — what a rollout's gates
+        compare. Counts only."""
+        counts = self._outcomes.get(deployment)
+        if counts is None:
+            width = len(LATENCY_BUCKETS_S) + 1
+            counts = self._outcomes[deployment] = _Outcomes([0] * width, [0] * width)
+        counts.requests += 1
+        counts.errors += int(error)
+        if ttft_s is not None:
+            counts.ttft[bisect.bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
+        counts.e2e[bisect.bisect_left(LATENCY_BUCKETS_S, e2e_s)] += 1
+
+    def outcomes(self, deployment: str) -> OutcomeCounters | None:
+        """The deployment's outcome counters since this router started (None: no request)."""
+        c = self._outcomes.get(deployment)
+        if c is None:
+            return None
+        return OutcomeCounters(
+            since=self.since,
+            requests=c.requests,
+            errors=c.errors,
+            ttft_buckets=list(c.ttft),
+            e2e_buckets=list(c.e2e),
+        )
 
     def usage(self, deployment: str) -> TokenCounters | None:
         """The deployment's counters since this router started (None: it served nothing)."""
@@ -352,7 +439,13 @@ class Router:
             rid: {"in_flight": b.outstanding, "state": b.state} for rid, b in self.backends.items()
         }
         usage = {name: u.model_dump() for name in self._usage if (u := self.usage(name))}
-        return {"deployments": deployments, "replicas": replicas, "usage": usage}
+        outcomes = {name: o.model_dump() for name in self._outcomes if (o := self.outcomes(name))}
+        return {
+            "deployments": deployments,
+            "replicas": replicas,
+            "usage": usage,
+            "outcomes": outcomes,
+        }
 
     def serving_backends(self) -> list[Backend]:
         """Replicas that answer now (ready or draining, not ejected)."""

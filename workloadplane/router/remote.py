@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from controlplane.contracts import TokenCounters
+from controlplane.contracts import OutcomeCounters, TokenCounters
 from workloadplane.router.core import Clock, Router, RouterConfig
 from workloadplane.router.upstream import UpstreamError, UpstreamPool
 
@@ -52,6 +52,7 @@ class RemoteRouter(Router):
         self._pool = UpstreamPool(host, port, max_idle=1)
         self._deployments: dict[str, tuple[int, int]] = {}
         self._counters: dict[str, TokenCounters] = {}
+        self._outcome_counters: dict[str, OutcomeCounters] = {}
         self._replicas: dict[str, _Seen] = {}
         self._at = float("-inf")
         self._unreachable = False
@@ -69,6 +70,10 @@ class RemoteRouter(Router):
         self._counters = {
             name: TokenCounters.model_validate(u) for name, u in report.get("usage", {}).items()
         }
+        self._outcome_counters = {
+            name: OutcomeCounters.model_validate(o)
+            for name, o in report.get("outcomes", {}).items()
+        }
         self._at = now
         for name, d in report["deployments"].items():
             if d.get("at_zero"):
@@ -85,6 +90,10 @@ class RemoteRouter(Router):
         """The router process's counters as last read (kept while it does not answer: they
         are counters, the next report carries on from them)."""
         return self._counters.get(deployment)
+
+    def outcomes(self, deployment: str) -> OutcomeCounters | None:
+        """The router process's outcome counters as last read (kept, like ``usage``)."""
+        return self._outcome_counters.get(deployment)
 
     def replica_in_flight(self, replica_id: str) -> int:
         if not self.fresh:

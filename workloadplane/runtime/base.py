@@ -29,6 +29,7 @@ class Runtime(Protocol):
         *,
         pool: str | None = None,
         instance: str | None = None,
+        serves: str = "",
     ) -> ReplicaStatus: ...
 
     async def stop(self, replica_id: str) -> None: ...

@@ -32,6 +32,7 @@ class InMemoryRuntime:
         *,
         pool: str | None = None,
         instance: str | None = None,
+        serves: str = "",
     ) -> ReplicaStatus:
         if self._gpus is not None and spec.gpus_per_replica > self.gpu_capacity()[1]:
             raise InsufficientGpusError(

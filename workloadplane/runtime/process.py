@@ -62,6 +62,8 @@ class _Replica:
     gpus: list[str]
     pool: str | None = None
     instance: str | None = None
+    serves: str = ""
+    """A rollout lane's replica: the model name it answers (its deployment's)."""
     state: ReplicaState = "starting"
     pid: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -130,6 +132,7 @@ class ProcessRuntime:
         *,
         pool: str | None = None,
         instance: str | None = None,
+        serves: str = "",
     ) -> ReplicaStatus:
         self._adopt()
         gpus = self.gpus.allocate(spec.gpus_per_replica)
@@ -140,6 +143,7 @@ class ProcessRuntime:
         while port in used:
             port = free_port(self.config.host)
         replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
+        replica.serves = serves
         self._replicas[replica_id] = replica
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
         self._save()  # the router sees it starting at once (requests wait for it)
@@ -221,7 +225,7 @@ class ProcessRuntime:
                 "host": self.config.host,
                 "port": str(replica.port),
                 "model_id": replica.spec.model_id,
-                "deployment": replica.deployment,
+                "deployment": replica.serves or replica.deployment,  # the name it answers
                 "revision": replica.spec.revision,
                 "replica_id": replica.replica_id,
                 "cache_dir": str(cache_dir),
@@ -356,6 +360,7 @@ class ProcessRuntime:
             {
                 "replica_id": r.replica_id,
                 "deployment": r.deployment,
+                "serves": r.serves,
                 "spec": r.spec.model_dump(),
                 "port": r.port,
                 "gpus": r.gpus,
@@ -396,6 +401,7 @@ class ProcessRuntime:
                 row["gpus"],
                 row.get("pool"),
                 row.get("instance"),
+                serves=str(row.get("serves") or ""),
                 pid=pid,
                 started_at=datetime.fromisoformat(row["started_at"]),
                 # a replica recorded ready stays routable while it is checked again: the

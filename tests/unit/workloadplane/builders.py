@@ -43,7 +43,7 @@ class RecordingRuntime:
         self._ids = itertools.count(1)
 
     async def start(self, deployment: str, spec: RevisionSpec, *, pool: str | None = None,
-                    instance: str | None = None) -> ReplicaStatus:  # fmt: skip
+                    instance: str | None = None, serves: str = "") -> ReplicaStatus:  # fmt: skip
         replica = make_replica(f"{deployment}-{next(self._ids)}", deployment, spec.revision,
                                "starting").model_copy(update={"pool": pool, "instance": instance})  # fmt: skip
         self.replicas[replica.replica_id] = replica

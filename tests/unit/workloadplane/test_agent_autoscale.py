@@ -45,7 +45,7 @@ class EndpointRuntime(RecordingRuntime):
     """RecordingRuntime whose replicas have endpoints, so the router tracks them."""
 
     async def start(self, deployment: str, spec: RevisionSpec, *, pool: str | None = None,
-                    instance: str | None = None) -> ReplicaStatus:  # fmt: skip
+                    instance: str | None = None, serves: str = "") -> ReplicaStatus:  # fmt: skip
         replica = await super().start(deployment, spec, pool=pool, instance=instance)
         port = 20000 + len(self.replicas)
         self.replicas[replica.replica_id] = replica.model_copy(

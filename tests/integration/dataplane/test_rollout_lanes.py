@@ -1,0 +1,66 @@
+"""A rollout lane on a real plane (issue 18): the agent runs a lane's replicas as engine-sim
+processes that answer the deployment's own model name; the router sends the lane its share
+of the deployment's requests, sticky per session, counts each side's outcomes, and the agent
+reports them in its heartbeat. Promoting or rolling back is the control plane's business:
+here the plane only has to follow the desired state it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import httpx
+import pytest
+
+from controlplane.contracts import DesiredState
+from tests.integration.dataplane.conftest import Plane, make_sim_deployment
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def test_a_lane_serves_its_share_under_the_deployments_name(sim_plane: Plane):
+    stable = make_sim_deployment("chat", 1)
+    lane = make_sim_deployment("chat--r2", 1).model_copy(
+        update={"serves": "chat", "traffic_share": 0.3}
+    )
+    lane = lane.model_copy(update={"spec": lane.spec.model_copy(update={"revision": "r2"})})
+    await sim_plane.apply(stable, lane)
+    await sim_plane.wait_ready("chat", 1)
+    await sim_plane.wait_ready("chat--r2", 1)
+    async with httpx.AsyncClient(base_url=sim_plane.url, timeout=20) as client:
+        models = (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["chat"]  # the lane is no model of its own
+
+        async def ask(user: str) -> dict:
+            body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2, "user": user}  # fmt: skip
+            answer = await client.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        answers = await asyncio.gather(*(ask(f"u{i}") for i in range(120)))
+        assert {a["model"] for a in answers} == {"chat"}  # the lane answers as "chat"
+        lane_count = sim_plane.router.outcomes("chat--r2")
+        stable_count = sim_plane.router.outcomes("chat")
+        assert lane_count is not None and stable_count is not None
+        assert lane_count.requests + stable_count.requests == 120
+        assert 18 <= lane_count.requests <= 54, (lane_count.requests, stable_count.requests)
+        assert lane_count.errors == stable_count.errors == 0
+        # a session stays where it is: the same users again go to the same sides
+        before = lane_count.requests
+        await asyncio.gather(*(ask(f"u{i}") for i in range(120)))
+        after = sim_plane.router.outcomes("chat--r2")
+        assert after is not None and after.requests - before == before
+        replicas = await sim_plane.runtime.list_replicas()
+        assert collections.Counter(r.deployment for r in replicas) == {"chat": 1, "chat--r2": 1}
+        observed = await sim_plane.agent.observed_state()
+        reported = {d.name: d.outcomes for d in observed.deployments}
+        assert reported["chat--r2"] is not None and reported["chat--r2"].requests == 2 * before
+    # the rollout ends: the control plane retires the lane (else a lane that had traffic
+    # would be kept through the disappearance grace), and its replica goes
+    sim_plane.generation += 1
+    await sim_plane.agent.on_desired(DesiredState(cluster="test", generation=sim_plane.generation,
+                                                  deployments=[stable], retired=["chat--r2"]))  # fmt: skip
+    async with asyncio.timeout(30):
+        while any(r.deployment == "chat--r2" for r in await sim_plane.runtime.list_replicas()):
+            await asyncio.sleep(0.05)

@@ -1,0 +1,83 @@
+"""Rollout lanes in the router (issue 18): a lane — a desired entry that ``serves`` another
+deployment — takes its ``traffic_share`` of that deployment's requests, sticky per session
+key, only while it has a ready replica; it is never asked for by name nor listed as a model;
+every answer is counted per lane (requests, errors, latency buckets) for the gates."""
+
+from __future__ import annotations
+
+import collections
+
+from controlplane.contracts import (
+    LATENCY_BUCKETS_S,
+    DeploymentDesired,
+    ReplicaQuota,
+    ReplicaStatus,
+    RevisionSpec,
+)
+from workloadplane.router.core import Router
+
+
+def entry(name: str, revision: str, serves: str = "", share: float = 0.0) -> DeploymentDesired:
+    return DeploymentDesired(name=name, spec=RevisionSpec(model_id="m", revision=revision),
+                             quota=ReplicaQuota(min=1, max=1), serves=serves,
+                             traffic_share=share)  # fmt: skip
+
+
+def replica(rid: str, deployment: str, state: str = "ready") -> ReplicaStatus:
+    return ReplicaStatus(replica_id=rid, deployment=deployment, revision="r", state=state,  # type: ignore[arg-type]
+                         endpoint=f"http://127.0.0.1:{9 + len(rid)}")  # fmt: skip
+
+
+def router_with(share: float, lane_state: str = "ready") -> Router:
+    router = Router()
+    router.set_deployments([entry("chat", "r1"), entry("chat--r2", "r2", "chat", share)])
+    router.set_replicas([replica("s1", "chat"), replica("c1", "chat--r2", lane_state)])
+    return router
+
+
+def test_a_lane_takes_its_share_of_the_deployments_requests_and_sticks_per_session():
+    router = router_with(0.25)
+    chat = router.resolve("chat")
+    assert chat is not None and chat.name == "chat"
+    picks = collections.Counter(router.lane_for(chat, f"user-{i}").name for i in range(4000))
+    assert 0.22 < picks["chat--r2"] / 4000 < 0.28, picks
+    # one session, one revision, every time; and a wider share keeps the sessions it had
+    on_lane = [f"user-{i}" for i in range(200) if router.lane_for(chat, f"user-{i}").name != "chat"]
+    assert on_lane and all(router.lane_for(chat, k).name == "chat--r2" for k in on_lane)
+    wider = router_with(0.5)
+    wide_chat = wider.resolve("chat")
+    assert wide_chat is not None
+    assert all(wider.lane_for(wide_chat, k).name == "chat--r2" for k in on_lane)
+    # without a session key the draw is random, at the same share
+    unkeyed = collections.Counter(router.lane_for(chat, None).name for _ in range(4000))
+    assert 0.21 < unkeyed["chat--r2"] / 4000 < 0.29, unkeyed
+
+
+def test_a_lane_without_a_ready_replica_or_share_takes_nothing_and_is_not_a_model():
+    for router in (router_with(0.5, "starting"), router_with(0.0)):
+        chat = router.resolve("chat")
+        assert chat is not None
+        assert {router.lane_for(chat, f"k{i}").name for i in range(100)} == {"chat"}
+    router = router_with(0.5)
+    assert router.resolve("chat--r2") is None  # a lane is not asked for by name
+    router.backends["c1"].health.failed(0.0, "probe")  # ejected: out of rotation
+    chat = router.resolve("chat")
+    assert chat is not None and {router.lane_for(chat, f"k{i}").name for i in range(50)} == {"chat"}
+    assert [m for m, _ in router.model_ids()] == ["chat"]
+
+
+def test_answers_are_counted_per_lane_with_errors_and_latency_buckets():
+    router = router_with(0.5)
+    assert router.outcomes("chat--r2") is None
+    router.count_outcome("chat--r2", False, 0.08, 0.9)
+    router.count_outcome("chat--r2", True, None, 0.01)
+    router.count_outcome("chat", False, 0.3, 70.0)
+    lane, stable = router.outcomes("chat--r2"), router.outcomes("chat")
+    assert lane is not None and stable is not None
+    assert (lane.requests, lane.errors, stable.requests, stable.errors) == (2, 1, 1, 0)
+    assert lane.since == router.since and len(lane.ttft_buckets) == len(LATENCY_BUCKETS_S) + 1
+    assert lane.ttft_buckets[LATENCY_BUCKETS_S.index(0.1)] == 1 and sum(lane.ttft_buckets) == 1
+    assert lane.e2e_buckets[LATENCY_BUCKETS_S.index(1.0)] == 1
+    assert lane.e2e_buckets[LATENCY_BUCKETS_S.index(0.025)] == 1
+    assert stable.e2e_buckets[LATENCY_BUCKETS_S.index(120.0)] == 1
+    assert router.load_report()["outcomes"]["chat--r2"]["errors"] == 1
