@@ -36,6 +36,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--embedding-dim", type=int, default=64)
+    parser.add_argument(
+        "--error-rate",
+        type=float,
+        default=0.0,
+        help="share of generation requests answered with a 500 engine error (a deliberately "
+        "bad revision for rollout tests; real vLLM has no such flag)",
+    )
     return parser.parse_args(argv)
 
 
@@ -49,6 +56,7 @@ def config_from(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         startup_delay_s=0.0 if args.refuse_during_startup else args.startup_delay,
         embedding_dim=args.embedding_dim,
+        error_rate=args.error_rate,
     )
 
 

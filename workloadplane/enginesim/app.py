@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import random
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +47,7 @@ class Simulator:
         self.ready_at = clock() + config.startup_delay_s
         self.metrics = EngineMetrics(config)
         self.engine = Engine(config, self.metrics)
+        self._errors = random.Random(0)
         self.app = _build_app(self)
 
     @property
@@ -64,6 +66,12 @@ class Simulator:
             )
         if body is not None:
             body.check(self.config.max_model_len)
+            if self.config.error_rate and self._errors.random() < self.config.error_rate:
+                raise p.ApiError(
+                    "EngineCore encountered an issue (engine-sim --error-rate "
+                    f"{self.config.error_rate:g})",
+                    500,
+                )
 
     def make_request(
         self,

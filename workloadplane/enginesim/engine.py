@@ -95,8 +95,13 @@ class EngineConfig:
     max_model_len: int = 2048
     startup_delay_s: float = 0.0
     embedding_dim: int = 64
+    error_rate: float = 0.0
+    """Share of generation requests answered with an engine error (500): a deliberately bad
+    revision for rollout tests. Real vLLM has no such knob."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError("error_rate must be between 0 and 1")
         if self.tokens_per_s <= 0:
             raise ValueError("tokens_per_s must be > 0")
         if self.max_num_seqs < 1 or self.kv_blocks < 1 or self.block_size < 1:

@@ -371,3 +371,17 @@ async def test_a_request_the_next_step_admits_never_shows_as_waiting() -> None:
         assert 'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0' in _sorted(metrics)
         assert (await task).status_code == 200
     await sim.engine.stop()
+
+
+async def test_an_error_rate_makes_a_deliberately_bad_revision() -> None:
+    """``--error-rate``: that share of generation requests gets vLLM's engine error (500),
+    the rest are answered; a rollout's gates must see the difference."""
+    sim = make_sim(error_rate=0.2)
+    async with client_for(sim) as http:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+        codes = [(await http.post("/v1/completions", json=body)).status_code for _ in range(200)]
+    assert set(codes) == {200, 500}
+    assert 20 <= codes.count(500) <= 60, codes.count(500)
+    with pytest.raises(ValueError, match="error_rate"):
+        make_sim(error_rate=1.5)
+    await sim.engine.stop()
