@@ -236,6 +236,11 @@ class DeploymentDesired(Model):
         description="a lane's share of the requests for ``serves`` on this plane (sticky per "
         "session key); the served deployment takes the rest (added within v1)",
     )
+    mirror: bool = Field(
+        default=False,
+        description="a shadow lane: it gets a copy of ``traffic_share`` of the requests for "
+        "``serves``, fire and forget, and its answers are discarded (added within v1)",
+    )
 
 
 ReplicaState = Literal["starting", "ready", "draining", "failed"]

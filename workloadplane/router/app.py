@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import re
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from gpufleet_logging import request_id_bound
 from workloadplane.router import errors
 from workloadplane.router.core import (
     Backend,
+    DeploymentEntry,
     NoCapacityError,
     QueueFullError,
     QueueTimeoutError,
@@ -66,6 +68,7 @@ class RouterApp:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.config = router.config
+        self._shadows: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -155,13 +158,14 @@ class RouterApp:
         entry = self.router.lane_for(  # a rollout's canary takes its share (sticky)
             entry, ticket.affinity_key or (user if isinstance(user, str) else None)
         )
+        forward = Forward(path.decode(), head.forward, body, stream)
+        for shadow in self.router.shadows_for(entry):
+            self._mirror(shadow, forward)
         dep = entry.name
         self.metrics.of(dep).request_bytes.observe(len(body))
         client = ClientWatch(receive)
         try:
-            exchange = await self.dispatcher.dispatch(
-                entry, ticket, Forward(path.decode(), head.forward, body, stream), client.gone
-            )
+            exchange = await self.dispatcher.dispatch(entry, ticket, forward, client.gone)
             try:
                 relayed = await relay(
                     exchange.response, stream, send, client, [rid_header], f"deployment {dep}"
@@ -204,6 +208,51 @@ class RouterApp:
             await fail(errors.BAD_GATEWAY, message, "upstream_failed", dep)
         finally:
             client.close()
+
+    def _mirror(self, shadow: DeploymentEntry, forward: Forward) -> None:
+        """Send a copy of the request to a shadow lane, for its share of the requests: fire
+        and forget (the user's answer never waits for it), at most
+        ``shadow_max_in_flight`` at once (more are dropped and counted), its answer read
+        and discarded, its outcome counted for the side-by-side comparison."""
+        if random.random() >= shadow.share:
+            return
+        if len(self._shadows) >= self.config.shadow_max_in_flight:
+            self.metrics.shadow.labels(shadow.name, "dropped").inc()
+            return
+        task = asyncio.create_task(self._shadow(shadow, forward), name=f"shadow-{shadow.name}")
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _shadow(self, shadow: DeploymentEntry, forward: Forward) -> None:
+        began = time.perf_counter()
+        never_gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ticket = Ticket(tier=self.config.tiers - 1)  # the least urgent tier
+        first, complete, status = 0.0, False, 0
+        try:
+            exchange = await self.dispatcher.dispatch(shadow, ticket, forward, lambda: never_gone)
+            try:
+                status = exchange.response.status
+                async for _ in exchange.response.body():
+                    first = first or time.perf_counter()
+                complete = True
+            finally:
+                exchange.close()
+        except (QueueFullError, QueueTimeoutError, NoCapacityError):
+            self.metrics.shadow.labels(shadow.name, "dropped").inc()
+            return
+        except UpstreamError:
+            pass
+        except Exception:  # a shadow must never hurt the router
+            log.exception("shadow request to %s failed", shadow.name)
+        error = status >= 500 or not complete
+        end = time.perf_counter()
+        self.router.count_outcome(shadow.name, error, first - began if first else None, end - began)
+        self.metrics.shadow.labels(shadow.name, "error" if error else "answered").inc()
+
+    async def close_shadows(self) -> None:
+        for task in list(self._shadows):
+            task.cancel()
+        await asyncio.gather(*self._shadows, return_exceptions=True)
 
     def _observe(
         self, dep: str, status: int, r: Relayed, arrived: float, cross_region: bool = False

@@ -70,6 +70,9 @@ class RouterConfig:
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
     """Request line + headers; more headers or bytes get 431."""
+    shadow_max_in_flight: int = 32
+    """Copies to shadow lanes in flight at once, all lanes together; more are dropped (and
+    counted): a shadow never holds the router's memory or the user's request."""
 
     @property
     def hung_deadline_s(self) -> float:
@@ -177,6 +180,8 @@ class DeploymentEntry:
         self.serves = spec.serves
         """A rollout lane: the deployment whose requests it takes a share of ("": none)."""
         self.share = spec.traffic_share if spec.serves else 0.0
+        self.mirror = bool(spec.serves) and spec.mirror
+        """A shadow lane: it gets copies of requests (``share`` of them), never answers."""
 
     def in_flight(self) -> int:
         return sum(b.outstanding for b in self.backends.values())
@@ -324,10 +329,7 @@ class Router:
         lanes = [
             e
             for e in self.deployments.values()
-            if e.serves == entry.name
-            and e.share > 0
-            and e.name in self._desired
-            and any(b.routable for b in e.backends.values())
+            if e.serves == entry.name and not e.mirror and self._lane_ready(e)
         ]
         if not lanes:
             return entry
@@ -338,6 +340,21 @@ class Router:
             if point < edge:
                 return lane
         return entry
+
+    def shadows_for(self, entry: DeploymentEntry) -> list[DeploymentEntry]:
+        """The shadow lanes that get a copy of some of ``entry``'s requests now."""
+        return [
+            e
+            for e in self.deployments.values()
+            if e.serves == entry.name and e.mirror and self._lane_ready(e)
+        ]
+
+    def _lane_ready(self, lane: DeploymentEntry) -> bool:
+        return (
+            lane.share > 0
+            and lane.name in self._desired
+            and any(b.routable for b in lane.backends.values())
+        )
 
     def model_ids(self) -> list[tuple[str, str | None]]:
         """(model id, parent) pairs: deployments and the adapters their replicas serve (not

@@ -35,6 +35,13 @@ class RouterMetrics:
             [*d, "code"],
             registry=r,
         )
+        self.shadow = Counter(
+            "gpufleet_router_shadow_requests",
+            "Copies of requests sent to a shadow lane, by outcome (answered, error, "
+            "dropped: the shadow's bound was reached, or it had no room)",
+            [*d, "outcome"],
+            registry=r,
+        )
         self.request_bytes = Histogram(
             "gpufleet_router_request_size_bytes",
             "Request body sizes",

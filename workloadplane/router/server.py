@@ -63,7 +63,8 @@ async def serve_router(
         max_headers=config.max_headers,
         max_header_bytes=config.max_header_bytes,
     )
-    server = HttpServer(RouterApp(router, Dispatcher(router, metrics), metrics), limits=limits)
+    app = RouterApp(router, Dispatcher(router, metrics), metrics)
+    server = HttpServer(app, limits=limits)
     following = None
     if follower is not None:
         follower.poll()  # the replica table and deployments before the first request
@@ -78,6 +79,7 @@ async def serve_router(
         if publisher is not None:
             await publisher.close()
         await server.close()
+        await app.close_shadows()
         await prober.close()
         if following is not None:
             following.cancel()

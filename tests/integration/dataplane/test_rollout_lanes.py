@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import statistics
+import time
 
 import httpx
 import pytest
@@ -64,3 +66,35 @@ async def test_a_lane_serves_its_share_under_the_deployments_name(sim_plane: Pla
     async with asyncio.timeout(30):
         while any(r.deployment == "chat--r2" for r in await sim_plane.runtime.list_replicas()):
             await asyncio.sleep(0.05)
+
+
+async def test_a_shadow_lane_gets_copies_and_never_changes_the_users_answers(sim_plane: Plane):
+    """A shadow that fails half its requests (engine-sim --error-rate 0.5) and is 40x
+    slower: the user gets every answer from the stable revision, at the stable revision's
+    speed, and the shadow's outcomes are counted beside them."""
+    stable = make_sim_deployment("chat", 1)
+    shadow = make_sim_deployment(
+        "chat--r3", 1, engine_args=["--tokens-per-s", "5", "--error-rate", "0.5"]
+    ).model_copy(update={"serves": "chat", "traffic_share": 1.0, "mirror": True})
+    await sim_plane.apply(stable, shadow)
+    await sim_plane.wait_ready("chat", 1)
+    await sim_plane.wait_ready("chat--r3", 1)
+    async with httpx.AsyncClient(base_url=sim_plane.url, timeout=20) as client:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8, "ignore_eos": True}  # fmt: skip
+        answers, took = [], []
+        for _ in range(20):
+            began = time.perf_counter()
+            answers.append(await client.post("/v1/chat/completions", json=body))
+            took.append(time.perf_counter() - began)
+    assert [a.status_code for a in answers] == [200] * 20
+    # 8 tokens: ~0.05 s at the stable revision's 200 tokens/s, 1.6 s at the shadow's 5
+    assert statistics.median(took) < 0.8, took
+    assert all(a.json()["usage"]["completion_tokens"] == 8 for a in answers)
+    async with asyncio.timeout(30):  # the copies finish on their own time
+        while (o := sim_plane.router.outcomes("chat--r3")) is None or o.requests < 20:
+            await asyncio.sleep(0.05)
+    copies, served = sim_plane.router.outcomes("chat--r3"), sim_plane.router.outcomes("chat")
+    assert copies is not None and served is not None
+    assert copies.requests == 20 and 0 < copies.errors < 20
+    assert (served.requests, served.errors) == (20, 0)
