@@ -58,17 +58,27 @@ def plane_load(
     clock)."""
     deployments = []
     for name, entry in router.deployments.items():
-        ready = sum(1 for b in entry.backends.values() if b.routable)
-        starting = sum(1 for b in entry.backends.values() if b.state == "starting")
+        if entry.serves:
+            continue  # a rollout lane: counted in the deployment it serves, below
+        # a canary lane takes part of the deployment's traffic on its own replicas: the
+        # gateways see one deployment (a shadow's copies are not the users' load)
+        sides = [entry] + [
+            e for e in router.deployments.values() if e.serves == name and not e.mirror
+        ]
+        ready = sum(1 for e in sides for b in e.backends.values() if b.routable)
+        starting = sum(1 for e in sides for b in e.backends.values() if b.state == "starting")
         ttft, rate = window.summary(name, now)
+        rate += sum(window.summary(e.name, now)[1] for e in sides[1:])
         deployments.append(
             DeploymentLoad(
                 name=name,
                 ready_replicas=ready,
                 starting_replicas=starting,
-                in_flight=entry.in_flight(),
-                queue_depth=len(entry.queue),
-                capacity=ready * entry.limit,
+                in_flight=sum(e.in_flight() for e in sides),
+                queue_depth=sum(len(e.queue) for e in sides),
+                capacity=sum(
+                    e.limit * sum(1 for b in e.backends.values() if b.routable) for e in sides
+                ),
                 ttft_seconds=ttft,
                 service_rate=rate,
             )

@@ -81,3 +81,18 @@ def test_answers_are_counted_per_lane_with_errors_and_latency_buckets():
     assert lane.e2e_buckets[LATENCY_BUCKETS_S.index(0.025)] == 1
     assert stable.e2e_buckets[LATENCY_BUCKETS_S.index(120.0)] == 1
     assert router.load_report()["outcomes"]["chat--r2"]["errors"] == 1
+
+
+def test_the_gateways_see_a_canary_lane_as_part_of_its_deployment_and_never_a_shadow():
+    from workloadplane.router.load import RecentWindow, plane_load
+
+    router = Router()
+    router.set_deployments([entry("chat", "r1"), entry("chat--r2", "r2", "chat", 0.25),
+                            entry("chat--r3", "r3", "chat", 0.5).model_copy(
+                                update={"mirror": True})])  # fmt: skip
+    router.set_replicas([replica("s1", "chat"), replica("s22", "chat"),
+                         replica("c1", "chat--r2"), replica("c333", "chat--r3")])  # fmt: skip
+    report = plane_load(router, RecentWindow(), "a", sequence=1, interval_s=1.0, now=10.0)
+    (chat,) = report.deployments  # the lanes are no deployments of their own
+    limit = router.deployments["chat"].limit
+    assert chat.name == "chat" and chat.ready_replicas == 3 and chat.capacity == 3 * limit
