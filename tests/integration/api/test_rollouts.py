@@ -1,0 +1,180 @@
+"""Canary rollouts through the API (issue 18): the `rollout` spec, the rollout a revision
+change starts, the commands, and what the planes are given meanwhile.
+
+The world: one pool, clusters a and b; deployment `chat` placed 3 + 1 replicas there (as a
+re-plan would write them), its rollout strategy canary with a short hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.db import models as m
+from controlplane.services.desired import desired_state
+from tests.integration.api import builders as b
+
+CANARY = {"strategy": "canary", "steps": [0.25, 1.0], "hold_seconds": 0}
+PLACED = {"a": 3, "b": 1}
+
+
+def _place(factory: sessionmaker[Session], deployment: str, placed: dict[str, int]) -> None:
+    with factory() as s, s.begin():
+        dep = s.scalars(select(m.Deployment.id).where(m.Deployment.name == deployment)).one()
+        pool = s.scalars(select(m.Pool.id)).one()
+        for cluster, replicas in placed.items():
+            cid = s.scalars(select(m.Cluster.id).where(m.Cluster.name == cluster)).one()
+            s.add(
+                m.Placement(
+                    deployment_id=dep,
+                    cluster_id=cid,
+                    pool_id=pool,
+                    replicas=replicas,
+                    min_replicas=1,
+                    max_replicas=replicas,
+                )
+            )
+        s.execute(update(m.Cluster).values(desired_generation=5, state="healthy"))
+
+
+@pytest.fixture
+def world(admin, session_factory: sessionmaker[Session]):
+    for path, body in (
+        ("providers", b.provider()),
+        ("regions", b.region()),
+        ("gpu-types", b.gpu_type()),
+        ("pools", b.pool("p1")),
+        ("clusters", b.cluster("a", pools=["p1"])),
+        ("clusters", b.cluster("b", pools=["p1"])),
+        ("deployments", b.deployment("chat", rollout=CANARY)),
+    ):
+        response = admin.post(path, body)
+        assert response.status_code == 201, response.text
+    _place(session_factory, "chat", PLACED)
+    return admin
+
+
+def _new_revision(api: Any, image: str = "vllm/vllm-openai:v0.33.0") -> Any:
+    response = api.patch("deployments/chat", {"engine_image": image})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _generations(factory: sessionmaker[Session]) -> dict[str, int]:
+    with factory() as s:
+        return dict(s.execute(select(m.Cluster.name, m.Cluster.desired_generation)).all())
+
+
+def _entries(factory: sessionmaker[Session], cluster: str) -> dict[str, Any]:
+    with factory() as s:
+        row = s.scalars(select(m.Cluster).where(m.Cluster.name == cluster)).one()
+        return {d.name: d for d in desired_state(s, row).deployments}
+
+
+# the spec ----------------------------------------------------------------------------------
+
+
+def test_the_rollout_spec_defaults_to_immediate_and_reads_back(admin):
+    b.seed(admin)
+    created = admin.post("deployments", b.deployment("plain")).json()
+    assert created["rollout"] == {
+        "strategy": "immediate",
+        "steps": [0.05, 0.25, 0.5, 1.0],
+        "hold_seconds": 300.0,
+        "gates": {
+            "min_requests": 100,
+            "max_error_rate_increase": 0.01,
+            "max_p99_ttft_ratio": 1.5,
+            "max_p99_e2e_ratio": 1.5,
+        },
+    }
+    changed = admin.patch("deployments/plain", {"rollout": {"strategy": "canary"}})
+    assert changed.status_code == 200 and changed.json()["rollout"]["strategy"] == "canary"
+    assert changed.json()["status"]["revision"] == 1  # not a revision field
+
+
+@pytest.mark.parametrize(
+    ("rollout", "field", "says"),
+    [
+        ({"steps": [0.5, 0.25, 1.0]}, "rollout.steps", "rise"),
+        ({"steps": [0.1, 0.5]}, "rollout.steps", "end at 1.0"),
+        ({"steps": [0, 1.0]}, "rollout.steps[0]", "greater than 0"),
+        ({"steps": [0.01 * i for i in range(1, 18)] + [1.0]}, "rollout.steps", "at most"),
+        ({"strategy": "blue_green"}, "rollout.strategy", "canary"),
+        ({"hold_seconds": 90_000}, "rollout.hold_seconds", "86400"),
+        ({"gates": {"max_p99_ttft_ratio": 0.5}}, "rollout.gates.max_p99_ttft_ratio", "1"),
+        ({"gates": {"min_requests": True}}, "rollout.gates.min_requests", "number"),
+    ],
+)
+def test_a_bad_rollout_spec_is_a_422_naming_the_field(admin, rollout, field, says):
+    b.seed(admin)
+    response = admin.post("deployments", b.deployment("bad", rollout=rollout))
+    assert response.status_code == 422, response.text
+    errors = {e["field"]: e["message"] for e in response.json()["errors"]}
+    assert field in errors, errors
+    assert says in errors[field]
+
+
+def test_a_deployment_may_not_be_named_like_a_rollout_lane(admin):
+    b.seed(admin)
+    response = admin.post("deployments", b.deployment("chat--r2"))
+    assert response.status_code == 422
+    assert "rollout lane" in response.json()["detail"]
+
+
+# the start on an update --------------------------------------------------------------------
+
+
+def test_a_new_revision_under_canary_starts_a_rollout_from_the_stable_one(world):
+    assert world.get("deployments/chat/rollout").status_code == 404
+    _new_revision(world)
+
+    rollout = world.get("deployments/chat/rollout").json()
+    assert (rollout["from_revision"], rollout["to_revision"]) == (1, 2)
+    assert (rollout["phase"], rollout["step"], rollout["share"]) == ("scaling", 0, 0.0)
+    assert rollout["lane"] == "chat--r2" and rollout["steps"] == [0.25, 1.0]
+    events = world.get("events", type="RolloutStarted").json()["items"]
+    assert [e["object_name"] for e in events] == ["chat"]
+
+
+def test_a_change_that_keeps_the_revision_starts_nothing(world):
+    world.patch("deployments/chat", {"priority": 500})
+    assert world.get("deployments/chat/rollout").status_code == 404
+
+
+def test_immediate_or_unplaced_deployments_roll_out_as_before(world, session_factory):
+    world.patch("deployments/chat", {"rollout": {"strategy": "immediate"}})
+    _new_revision(world)
+    assert world.get("deployments/chat/rollout").status_code == 404
+
+    world.post("deployments", b.deployment("idle", rollout=CANARY))
+    world.patch("deployments/idle", {"engine_image": "vllm/vllm-openai:v0.33.0"})
+    assert world.get("deployments/idle/rollout").status_code == 404  # placed nowhere
+
+
+def test_a_change_during_a_rollout_supersedes_it_from_the_same_stable_revision(world):
+    _new_revision(world)
+    _new_revision(world, "vllm/vllm-openai:v0.34.0")
+
+    rollout = world.get("deployments/chat/rollout").json()
+    assert (rollout["from_revision"], rollout["to_revision"]) == (1, 3)
+    superseded = world.get("events", type="RolloutSuperseded").json()["items"]
+    assert len(superseded) == 1 and "superseded by revision 3" in superseded[0]["message"]
+
+
+def test_a_revision_number_is_never_taken_again_after_a_rollback(world):
+    _new_revision(world)
+    rolled = world.post("deployments/chat/rollout/rollback", {})
+    assert rolled.status_code == 200, rolled.text
+    back = world.get("deployments/chat").json()
+    assert back["status"]["revision"] == 1
+    assert back["engine_image"] == "vllm/vllm-openai:v0.32.0"  # the stable revision's
+
+    again = _new_revision(world, "vllm/vllm-openai:v0.35.0")
+    assert again["status"]["revision"] == 3
+    revisions = world.get("deployments/chat/revisions").json()["items"]
+    assert [r["revision"] for r in revisions] == [1, 2, 3]
+    assert world.get("deployments/chat/rollout").json()["from_revision"] == 1
