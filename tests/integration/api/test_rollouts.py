@@ -178,3 +178,49 @@ def test_a_revision_number_is_never_taken_again_after_a_rollback(world):
     revisions = world.get("deployments/chat/revisions").json()["items"]
     assert [r["revision"] for r in revisions] == [1, 2, 3]
     assert world.get("deployments/chat/rollout").json()["from_revision"] == 1
+
+
+# the commands -------------------------------------------------------------------------------
+
+
+def test_the_commands_move_the_rollout_audited_with_an_event_and_a_new_snapshot(
+    world, operator, admin, session_factory
+):
+    _new_revision(world)
+    before = _generations(session_factory)
+
+    paused = operator.post("deployments/chat/rollout/pause", {})
+    assert paused.status_code == 200, paused.text
+    assert (paused.json()["phase"], paused.json()["paused_from"]) == ("paused", "scaling")
+    assert operator.post("deployments/chat/rollout/pause", {}).status_code == 409
+    after_pause = _generations(session_factory)
+    assert all(after_pause[c] > before[c] for c in PLACED)
+
+    resumed = operator.post("deployments/chat/rollout/resume", {}).json()
+    assert (resumed["phase"], resumed["paused_from"]) == ("scaling", None)
+    assert operator.post("deployments/chat/rollout/resume", {}).status_code == 409
+
+    promoted = operator.post("deployments/chat/rollout/promote", {}).json()
+    assert (promoted["phase"], promoted["share"]) == ("promoted", 1.0)
+    assert promoted["finished_at"] is not None
+    done = operator.post("deployments/chat/rollout/rollback", {})
+    assert done.status_code == 409 and "is done (promoted)" in done.json()["detail"]
+    assert done.headers["content-type"] == "application/problem+json"
+
+    audit = admin.get("audit", resource_kind="Rollout").json()["items"]
+    assert [a["action"] for a in audit] == ["promote", "resume", "pause"]
+    assert audit[-1]["actor"] == "token:operator-token"
+    assert audit[-1]["before"]["phase"] == "scaling" and audit[-1]["after"]["phase"] == "paused"
+    types = [e["type"] for e in world.get("events", object_name="chat").json()["items"]]
+    assert types[:3] == ["RolloutPromoted", "RolloutResumed", "RolloutPaused"]
+    assert world.get("deployments/chat").json()["status"]["revision"] == 2  # kept
+
+
+def test_commands_without_a_rollout_are_404_and_a_viewer_may_only_look(world, viewer):
+    missing = world.post("deployments/chat/rollout/pause", {})
+    assert missing.status_code == 404 and "no rollout" in missing.json()["detail"]
+    assert world.post("deployments/nope/rollout/pause", {}).status_code == 404
+    assert world.post("deployments/chat/rollout/restart", {}).status_code == 422
+    _new_revision(world)
+    assert viewer.get("deployments/chat/rollout").status_code == 200
+    assert viewer.post("deployments/chat/rollout/promote", {}).status_code == 403
