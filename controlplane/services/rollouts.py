@@ -10,20 +10,23 @@ serve the deployment (their lane and stable entries change). Callers own the tra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from controlplane import rollouts as canary
-from controlplane.contracts import OutcomeCounters
+from controlplane.contracts import DeploymentObserved, OutcomeCounters
 from controlplane.db import models as m
+from controlplane.db.columns import deployment_rollout, rollout_policy, rollout_state
 from controlplane.errors import Conflict, NotFound
 from controlplane.services import audit
 from controlplane.services.desired import bump_desired, clusters_serving
-from controlplane.specs import REVISION_FIELDS, RolloutSpec, RolloutStrategy
+from controlplane.specs import REVISION_FIELDS, RolloutStrategy
 
 SUPERSEDED = "superseded"
 """A finished rollout's phase when a later change of the revision ended it (not a phase of
@@ -41,39 +44,6 @@ COMMANDS = {
     "promote": canary.promote,
     "rollback": canary.rollback,
 }
-
-
-def policy_of(spec: RolloutSpec) -> canary.CanaryPolicy:
-    g = spec.gates
-    return canary.CanaryPolicy(
-        steps=tuple(spec.steps),
-        hold_s=spec.hold_seconds,
-        gates=canary.Gates(
-            min_requests=g.min_requests,
-            max_error_rate_increase=g.max_error_rate_increase,
-            max_p99_ttft_ratio=g.max_p99_ttft_ratio,
-            max_p99_e2e_ratio=g.max_p99_e2e_ratio,
-        ),
-    )
-
-
-def deployment_rollout(row: m.Deployment) -> RolloutSpec:
-    return RolloutSpec.model_validate(row.rollout or {})
-
-
-def policy_of_row(row: m.Rollout) -> canary.CanaryPolicy:
-    return policy_of(RolloutSpec.model_validate(row.policy or {}))
-
-
-def state_of(row: m.Rollout) -> canary.Rollout:
-    """The pure state of an unfinished (or promoted / rolled back) rollout."""
-    return canary.Rollout(
-        step=row.step,
-        phase=canary.Phase(row.phase),
-        since=row.since,
-        reason=row.reason,
-        paused_from=canary.Phase(row.paused_from) if row.paused_from else None,
-    )
 
 
 def _store(row: m.Rollout, r: canary.Rollout) -> None:
@@ -173,9 +143,9 @@ def _deployment(session: Session, ref: str, for_update: bool = False) -> m.Deplo
 
 def view(row: m.Rollout, deployment: m.Deployment) -> dict[str, Any]:
     """The API's representation of a rollout."""
-    policy = policy_of_row(row)
+    policy = rollout_policy(row)
     try:
-        now_share = canary.share(state_of(row), policy)
+        now_share = canary.share(rollout_state(row), policy)
     except ValueError:  # superseded: no pure phase; its lane is retired
         now_share = 0.0
     return {
@@ -233,8 +203,8 @@ def command(
             f"({row.phase}); a new one starts with the next change of its revision"
         )
     before = view(row, deployment)
-    after_state = COMMANDS[verb](state_of(row), now)
-    if after_state == state_of(row):
+    after_state = COMMANDS[verb](rollout_state(row), now)
+    if after_state == rollout_state(row):
         raise Conflict(
             f"cannot {verb} the rollout of '{deployment.name}': it is {row.phase}"
             + ("; pause it first" if verb == "resume" else "")
@@ -266,7 +236,7 @@ def apply(
     """Store ``new``; a new phase or step is an event and bumps the serving clusters. A
     hold that begins takes the routers' counters now as its window's start. True when the
     phase or step changed."""
-    old = state_of(row)
+    old = rollout_state(row)
     if new == old:
         return False
     _store(row, new)
@@ -356,8 +326,8 @@ def tick(session: Session, now: datetime) -> list[str]:
         )
         row.last_windows = {"stable": _window_json(stable), "new": _window_json(new)}
         decided = canary.decide(
-            state_of(row),
-            policy_of_row(row),
+            rollout_state(row),
+            rollout_policy(row),
             now,
             new_ready=_ready(session, deployment.id, row.to_revision),
             total=_placed(session, deployment.id),
@@ -413,3 +383,21 @@ def _event(
             },
         )
     )
+
+
+def record_outcomes(session: Session, cluster: str, reports: Iterable[DeploymentObserved]) -> None:
+    """Keep the last outcome counters each entry's router reported on ``cluster`` (the
+    report as it may count, `controlplane.trust`)."""
+    for report in reports:
+        if report.outcomes is None:
+            continue
+        counters = report.outcomes.model_dump(mode="json")
+        stmt = insert(m.RouterOutcomes).values(
+            cluster=cluster, entry=report.name, counters=counters
+        )
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["cluster", "entry"],
+                set_={"counters": stmt.excluded.counters, "updated_at": func.now()},
+            )
+        )

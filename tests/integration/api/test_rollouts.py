@@ -7,14 +7,24 @@ re-plan would write them), its rollout strategy canary with a short hold.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from controlplane.contracts import (
+    DeploymentObserved,
+    ObservedState,
+    OutcomeCounters,
+    ReplicaStatus,
+    TokenCounters,
+)
 from controlplane.db import models as m
+from controlplane.services import rollouts
 from controlplane.services.desired import desired_state
+from controlplane.services.observed import DbSink
 from tests.integration.api import builders as b
 
 CANARY = {"strategy": "canary", "steps": [0.25, 1.0], "hold_seconds": 0}
@@ -224,3 +234,116 @@ def test_commands_without_a_rollout_are_404_and_a_viewer_may_only_look(world, vi
     _new_revision(world)
     assert viewer.get("deployments/chat/rollout").status_code == 200
     assert viewer.post("deployments/chat/rollout/promote", {}).status_code == 403
+
+
+# what the planes are given and what they report ---------------------------------------------
+
+
+def _counters(requests: int, errors: int = 0) -> OutcomeCounters:
+    fast = [0, 0, 0, requests] + [0] * 9  # every request within 0.25 s
+    return OutcomeCounters(
+        since="r1", requests=requests, errors=errors, ttft_buckets=fast, e2e_buckets=fast
+    )
+
+
+def _heartbeat(
+    factory: sessionmaker[Session], cluster: str, stable: int, lane: int, lane_errors: int = 0
+) -> list[str]:
+    """Cluster ``cluster`` reports a ready stable replica and a ready lane replica, and its
+    router's counters for both entries."""
+    report = ObservedState(
+        cluster=cluster,
+        source=f"cluster/{cluster}",
+        replicas=[
+            ReplicaStatus(
+                replica_id=f"{cluster}-s", deployment="chat", revision="1", state="ready"
+            ),
+            ReplicaStatus(
+                replica_id=f"{cluster}-l", deployment="chat--r2", revision="2", state="ready"
+            ),
+        ],
+        deployments=[
+            DeploymentObserved(name="chat", outcomes=_counters(stable)),
+            DeploymentObserved(
+                name="chat--r2",
+                outcomes=_counters(lane, lane_errors),
+                usage=TokenCounters(since="r1", input_tokens=7, output_tokens=9),
+            ),
+        ],
+    )
+    return DbSink(factory)._observed(cluster, report, datetime.now(UTC))[1]
+
+
+def _tick(factory: sessionmaker[Session]) -> list[str]:
+    with factory() as s, s.begin():
+        return rollouts.tick(s, datetime.now(UTC))
+
+
+def test_a_canary_runs_as_a_lane_beside_the_stable_revision_on_each_plane(world, session_factory):
+    _new_revision(world)
+    a = _entries(session_factory, "a")
+    assert set(a) == {"chat", "chat--r2"}
+    assert (a["chat"].spec.revision, a["chat"].spec.engine_image) == (
+        "1",
+        "vllm/vllm-openai:v0.32.0",
+    )
+    assert a["chat"].quota.max == 3  # no traffic on the lane yet: the stable keeps all
+    lane = a["chat--r2"]
+    assert (lane.spec.revision, lane.spec.engine_image) == ("2", "vllm/vllm-openai:v0.33.0")
+    assert (lane.serves, lane.traffic_share, lane.quota.min, lane.quota.max) == ("chat", 0.0, 1, 1)
+    assert _entries(session_factory, "b")["chat--r2"].quota.max == 1
+
+
+def test_lane_reports_count_for_their_deployment_and_the_tick_walks_the_steps(
+    world, session_factory
+):
+    _new_revision(world)
+    assert _heartbeat(session_factory, "a", stable=1000, lane=0) == []  # nothing rejected
+    with session_factory() as s:
+        replicas = s.execute(select(m.Replica.name, m.Replica.revision, m.Deployment.name).join(
+            m.Deployment, m.Deployment.id == m.Replica.deployment_id)).all()  # fmt: skip
+        assert sorted(replicas) == [("a-l", 2, "chat"), ("a-s", 1, "chat")]
+        assert s.scalars(select(m.TokenUsage.deployment)).all() == ["chat"]
+        assert len(s.scalars(select(m.RouterOutcomes)).all()) == 2
+
+    before = _generations(session_factory)
+    assert _tick(session_factory) == ["chat"]  # 1 lane replica ready of the 1 the step needs
+    holding = world.get("deployments/chat/rollout").json()
+    assert (holding["phase"], holding["share"]) == ("holding", 0.25)
+    assert all(_generations(session_factory)[c] > before[c] for c in PLACED)
+    assert _entries(session_factory, "a")["chat--r2"].traffic_share == 0.25
+
+    _heartbeat(session_factory, "a", stable=1400, lane=150)  # 400 and 150 in the window
+    assert _tick(session_factory) == ["chat"]
+    scaling = world.get("deployments/chat/rollout").json()
+    assert (scaling["phase"], scaling["step"], scaling["share"]) == ("scaling", 1, 0.25)
+    assert scaling["windows"]["stable"]["requests"] == 400
+    assert scaling["windows"]["new"]["requests"] == 150
+    a = _entries(session_factory, "a")
+    assert a["chat--r2"].quota.max == 3 and a["chat"].quota.max == 3  # pre-scaled for 100 %
+    assert _tick(session_factory) == []  # 1 ready of the 4 the last step needs
+    assert "waiting for 4 ready replicas" in world.get("deployments/chat/rollout").json()["reason"]
+
+    world.post("deployments/chat/rollout/promote", {})
+    a = _entries(session_factory, "a")
+    assert list(a) == ["chat"] and a["chat"].spec.revision == "2"
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "a")).one()
+        assert "chat--r2" in desired_state(s, cluster).retired
+
+
+def test_a_failed_gate_rolls_back_to_the_stable_revision_everywhere(world, session_factory):
+    _new_revision(world)
+    _heartbeat(session_factory, "a", stable=1000, lane=0)
+    _tick(session_factory)  # holding at 25 %
+    _heartbeat(session_factory, "a", stable=1400, lane=150, lane_errors=60)
+    assert _tick(session_factory) == ["chat"]
+
+    rollout = world.get("deployments/chat/rollout").json()
+    assert rollout["phase"] == "rolled_back" and rollout["reason"].startswith("gate failed")
+    chat = world.get("deployments/chat").json()
+    assert (chat["status"]["revision"], chat["engine_image"]) == (1, "vllm/vllm-openai:v0.32.0")
+    a = _entries(session_factory, "a")
+    assert list(a) == ["chat"] and a["chat"].spec.revision == "1"
+    events = world.get("events", type="RolloutRolledBack").json()["items"]
+    assert len(events) == 1 and "error rate" in events[0]["message"]
