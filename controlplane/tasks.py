@@ -243,13 +243,18 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         return down
 
     @app.task(name=ROLLOUTS, shared=False)
-    def step_rollouts() -> list[str]:
-        """One look at every running canary (docs/rollouts.md); the deployments whose
-        rollout moved (the bus process publishes the clusters it bumped)."""
-        with transaction(worker().procurement.factory) as session:
+    def step_rollouts() -> dict[str, str]:
+        """One look at every running canary (docs/rollouts.md): deployment → the phase its
+        rollout moved to. The bus process publishes the clusters it bumped; a rollback put
+        the stable revision's spec back, which placement may size differently."""
+        w = worker()
+        with transaction(w.procurement.factory) as session:
             moved = rollouts.tick(session, datetime.now(UTC))
         if moved:
-            log.info("rollouts moved: %s", ", ".join(moved))
+            log.info("rollouts moved: %s", ", ".join(f"{d} {p}" for d, p in moved.items()))
+        back = sorted(d for d, phase in moved.items() if phase == "rolled_back")
+        if back:
+            w.procurement.replan(f"rolled back: {', '.join(back)}")
         return moved
 
     @app.task(name=ACCRUE_COSTS, shared=False)

@@ -45,6 +45,8 @@ def rollouts_router() -> APIRouter:
             body = svc.command(
                 session, ref, command, datetime.now(UTC), actor.name, actor.request_id
             )
+        if command == "rollback":  # the stable revision's spec is back: placement may differ
+            request.app.state.on_inventory_change("Deployment")
         return JSONResponse(body)
 
     return router

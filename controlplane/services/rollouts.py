@@ -305,9 +305,10 @@ def _counters(raw: Any) -> OutcomeCounters | None:
         return None
 
 
-def tick(session: Session, now: datetime) -> list[str]:
-    """One look at every running canary; the deployments whose phase or step moved. Rows
-    another worker is looking at are skipped (it decides for them)."""
+def tick(session: Session, now: datetime) -> dict[str, str]:
+    """One look at every running canary: deployment name → the phase it moved to, for the
+    rollouts whose phase or step moved. Rows another worker is looking at are skipped (it
+    decides for them)."""
     rows = list(
         session.scalars(
             select(m.Rollout)
@@ -315,7 +316,7 @@ def tick(session: Session, now: datetime) -> list[str]:
             .with_for_update(skip_locked=True)
         )
     )
-    moved = []
+    moved: dict[str, str] = {}
     for row in rows:
         deployment = session.get(m.Deployment, row.deployment_id)
         if deployment is None or row.phase == canary.Phase.PAUSED.value:
@@ -335,7 +336,7 @@ def tick(session: Session, now: datetime) -> list[str]:
             stable=stable,
         )
         if apply(session, deployment, row, decided, now, latest_outcomes):
-            moved.append(deployment.name)
+            moved[deployment.name] = row.phase
     return moved
 
 

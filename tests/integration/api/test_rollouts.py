@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,9 +23,12 @@ from controlplane.contracts import (
     TokenCounters,
 )
 from controlplane.db import models as m
+from controlplane.procurement.tasks import Deps
 from controlplane.services import rollouts
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
+from controlplane.settings import Settings
+from controlplane.tasks import ROLLOUTS, Worker, register
 from tests.integration.api import builders as b
 
 CANARY = {"strategy": "canary", "steps": [0.25, 1.0], "hold_seconds": 0}
@@ -276,7 +280,7 @@ def _heartbeat(
 
 def _tick(factory: sessionmaker[Session]) -> list[str]:
     with factory() as s, s.begin():
-        return rollouts.tick(s, datetime.now(UTC))
+        return list(rollouts.tick(s, datetime.now(UTC)))
 
 
 def test_a_canary_runs_as_a_lane_beside_the_stable_revision_on_each_plane(world, session_factory):
@@ -337,7 +341,12 @@ def test_a_failed_gate_rolls_back_to_the_stable_revision_everywhere(world, sessi
     _heartbeat(session_factory, "a", stable=1000, lane=0)
     _tick(session_factory)  # holding at 25 %
     _heartbeat(session_factory, "a", stable=1400, lane=150, lane_errors=60)
-    assert _tick(session_factory) == ["chat"]
+    replans: list[str] = []
+    app = Celery("test-worker", set_as_current=False)
+    deps = Deps(factory=session_factory, providers=lambda row: None, replan=replans.append)  # type: ignore[arg-type]
+    register(app, lambda: Worker(Settings(), deps))
+    assert app.tasks[ROLLOUTS].run() == {"chat": "rolled_back"}  # the beat's task
+    assert replans == ["rolled back: chat"]  # the stable spec may be placed differently
 
     rollout = world.get("deployments/chat/rollout").json()
     assert rollout["phase"] == "rolled_back" and rollout["reason"].startswith("gate failed")
