@@ -1,10 +1,9 @@
 """Rollout decisions, pure: where a canary or blue-green rollout goes next, from what the
 two revisions measured over the same window. No I/O, no clock: callers pass ``now``.
 
-Issue 18's core (docs/rollouts.md). What is built: the decisions and their tests. What is
-not built yet: the rollout record in PostgreSQL, the task that calls ``decide`` on a timer,
-the revision weights in the desired state and the routing table (``PlaneRoute.revision_weights``
-exists, nothing sets it), the routers' split, the API/CLI commands.
+Issue 18's core (docs/rollouts.md). `services/rollouts.py` carries the decisions out (the
+record, the tick, the commands); `lane_entries` below is how a running canary shows in one
+cluster's desired state.
 
 Canary, step by step (default 5 % → 25 % → 50 % → 100 %):
 
