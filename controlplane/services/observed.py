@@ -33,7 +33,7 @@ from controlplane.db.columns import cluster_status, deployment_autoscaling, set_
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
-from controlplane.services import costs, epochs, rollouts
+from controlplane.services import costs, epochs, rollout_windows
 from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
 from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
@@ -121,7 +121,7 @@ class DbSink:
             costs.record_usage(
                 session, cluster.name, state.deployments, received_at, self._bounds.usage_max
             )
-            rollouts.record_outcomes(session, cluster.name, state.deployments)
+            rollout_windows.record_outcomes(session, cluster.name, state.deployments)
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
             return _record_capacity(session, cluster, state, received_at) or reason, rejected

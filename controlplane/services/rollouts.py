@@ -10,21 +10,17 @@ serve the deployment (their lane and stable entries change). Callers own the tra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from controlplane import rollouts as canary
-from controlplane.contracts import DeploymentObserved, OutcomeCounters
 from controlplane.db import models as m
 from controlplane.db.columns import deployment_rollout, rollout_policy, rollout_state
 from controlplane.errors import Conflict, NotFound
-from controlplane.services import audit
+from controlplane.services import audit, rollout_windows
 from controlplane.services.desired import bump_desired, clusters_serving
 from controlplane.specs import REVISION_FIELDS, RolloutStrategy
 
@@ -63,13 +59,16 @@ def running(session: Session, deployment_ids: list[str]) -> dict[str, m.Rollout]
     return {r.deployment_id: r for r in rows}
 
 
-def latest(session: Session, deployment_id: str) -> m.Rollout | None:
-    return session.scalars(
+def latest(session: Session, deployment_id: str, for_update: bool = False) -> m.Rollout | None:
+    """The deployment's newest rollout; ``for_update``: locked until the transaction ends
+    (after the deployment's row, the order every writer takes)."""
+    stmt = (
         select(m.Rollout)
         .where(m.Rollout.deployment_id == deployment_id)
         .order_by(m.Rollout.created_at.desc(), m.Rollout.id.desc())
         .limit(1)
-    ).first()
+    )
+    return session.scalars(stmt.with_for_update() if for_update else stmt).first()
 
 
 def next_revision(deployment: m.Deployment) -> int:
@@ -194,7 +193,7 @@ def command(
 ) -> dict[str, Any]:
     """pause, resume, promote or rollback the deployment's running rollout, audited."""
     deployment = _deployment(session, ref, for_update=True)
-    row = latest(session, deployment.id)
+    row = latest(session, deployment.id, for_update=True)
     if row is None:
         raise NotFound(f"deployment '{deployment.name}' has no rollout to {verb}")
     if row.finished_at is not None:
@@ -245,7 +244,7 @@ def apply(
         return False  # only the reason (e.g. how many requests are missing)
     if new.phase is canary.Phase.HOLDING:
         if latest_outcomes is None:
-            latest_outcomes = outcomes_of(session, deployment.name, row.to_revision)
+            latest_outcomes = rollout_windows.outcomes_of(session, deployment.name, row.to_revision)
         row.window_start = latest_outcomes
     if new.done:
         row.finished_at = now
@@ -270,74 +269,56 @@ def _restore_stable(deployment: m.Deployment, row: m.Rollout) -> None:
     deployment.generation += 1
 
 
-def outcomes_of(session: Session, deployment: str, to_revision: int) -> dict[str, Any]:
-    """cluster → entry → the last `OutcomeCounters` (JSON) its router reported, for the
-    deployment's stable entry and its lane."""
-    entries = [deployment, canary.lane_name(deployment, to_revision)]
-    out: dict[str, dict[str, Any]] = {}
-    for row in session.scalars(select(m.RouterOutcomes).where(m.RouterOutcomes.entry.in_(entries))):
-        out.setdefault(row.cluster, {})[row.entry] = row.counters
-    return out
-
-
-def windows(
-    start: dict[str, Any], now: dict[str, Any], deployment: str, to_revision: int
-) -> tuple[canary.Window, canary.Window]:
-    """(stable, new): each entry's counters now minus at the window's start, per cluster,
-    summed (`rollouts.window_of`). A cluster with no counters at the start counts whole."""
-    lane = canary.lane_name(deployment, to_revision)
-    deltas: dict[str, list[OutcomeCounters]] = {deployment: [], lane: []}
-    for cluster, entries in now.items():
-        for entry, counters in entries.items():
-            if entry not in deltas:
-                continue
-            before = _counters((start.get(cluster) or {}).get(entry))
-            after = _counters(counters)
-            if after is not None:
-                deltas[entry].append(canary.outcomes_delta(before, after))
-    return canary.window_of(deltas[deployment]), canary.window_of(deltas[lane])
-
-
-def _counters(raw: Any) -> OutcomeCounters | None:
-    try:
-        return OutcomeCounters.model_validate(raw) if raw else None
-    except ValidationError:
-        return None
-
-
 def tick(session: Session, now: datetime) -> dict[str, str]:
     """One look at every running canary: deployment name → the phase it moved to, for the
-    rollouts whose phase or step moved. Rows another worker is looking at are skipped (it
-    decides for them)."""
-    rows = list(
-        session.scalars(
-            select(m.Rollout)
-            .where(m.Rollout.finished_at.is_(None))
-            .with_for_update(skip_locked=True)
+    rollouts whose phase or step moved. Locks as a write does, the deployment then its
+    rollout; one that a write or another worker holds is skipped until the next tick."""
+    ids = session.scalars(
+        select(m.Rollout.deployment_id).where(
+            m.Rollout.finished_at.is_(None), m.Rollout.phase != canary.Phase.PAUSED.value
         )
-    )
+    ).all()
     moved: dict[str, str] = {}
-    for row in rows:
-        deployment = session.get(m.Deployment, row.deployment_id)
-        if deployment is None or row.phase == canary.Phase.PAUSED.value:
+    for deployment_id in ids:
+        deployment = session.scalars(
+            select(m.Deployment)
+            .where(m.Deployment.id == deployment_id)
+            .with_for_update(of=m.Deployment, skip_locked=True)
+        ).first()
+        row = (
+            deployment
+            and session.scalars(
+                select(m.Rollout)
+                .where(m.Rollout.deployment_id == deployment_id, m.Rollout.finished_at.is_(None))
+                .with_for_update(skip_locked=True)
+            ).first()
+        )
+        if deployment is None or row is None or row.phase == canary.Phase.PAUSED.value:
             continue
-        latest_outcomes = outcomes_of(session, deployment.name, row.to_revision)
-        stable, new = windows(
-            row.window_start or {}, latest_outcomes, deployment.name, row.to_revision
-        )
-        row.last_windows = {"stable": _window_json(stable), "new": _window_json(new)}
-        decided = canary.decide(
-            rollout_state(row),
-            rollout_policy(row),
-            now,
-            new_ready=_ready(session, deployment.id, row.to_revision),
-            total=_placed(session, deployment.id),
-            new=new,
-            stable=stable,
-        )
-        if apply(session, deployment, row, decided, now, latest_outcomes):
+        if _look(session, deployment, row, now):
             moved[deployment.name] = row.phase
     return moved
+
+
+def _look(session: Session, deployment: m.Deployment, row: m.Rollout, now: datetime) -> bool:
+    latest_outcomes = rollout_windows.outcomes_of(session, deployment.name, row.to_revision)
+    stable, new = rollout_windows.windows(
+        row.window_start or {}, latest_outcomes, deployment.name, row.to_revision
+    )
+    row.last_windows = {
+        "stable": rollout_windows.window_json(stable),
+        "new": rollout_windows.window_json(new),
+    }
+    decided = canary.decide(
+        rollout_state(row),
+        rollout_policy(row),
+        now,
+        new_ready=_ready(session, deployment.id, row.to_revision),
+        total=_placed(session, deployment.id),
+        new=new,
+        stable=stable,
+    )
+    return apply(session, deployment, row, decided, now, latest_outcomes)
 
 
 def _ready(session: Session, deployment_id: str, revision: int) -> int:
@@ -353,16 +334,6 @@ def _ready(session: Session, deployment_id: str, revision: int) -> int:
         )
         or 0
     )
-
-
-def _window_json(w: canary.Window) -> dict[str, Any]:
-    return {
-        "requests": w.requests,
-        "errors": w.errors,
-        "error_rate": w.error_rate,
-        "p99_ttft_s": w.p99_ttft_s,
-        "p99_e2e_s": w.p99_e2e_s,
-    }
 
 
 def _event(
@@ -384,21 +355,3 @@ def _event(
             },
         )
     )
-
-
-def record_outcomes(session: Session, cluster: str, reports: Iterable[DeploymentObserved]) -> None:
-    """Keep the last outcome counters each entry's router reported on ``cluster`` (the
-    report as it may count, `controlplane.trust`)."""
-    for report in reports:
-        if report.outcomes is None:
-            continue
-        counters = report.outcomes.model_dump(mode="json")
-        stmt = insert(m.RouterOutcomes).values(
-            cluster=cluster, entry=report.name, counters=counters
-        )
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["cluster", "entry"],
-                set_={"counters": stmt.excluded.counters, "updated_at": func.now()},
-            )
-        )

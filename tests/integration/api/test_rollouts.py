@@ -356,3 +356,14 @@ def test_a_failed_gate_rolls_back_to_the_stable_revision_everywhere(world, sessi
     assert list(a) == ["chat"] and a["chat"].spec.revision == "1"
     events = world.get("events", type="RolloutRolledBack").json()["items"]
     assert len(events) == 1 and "error rate" in events[0]["message"]
+
+
+def test_the_tick_skips_a_deployment_a_write_holds_instead_of_waiting(world, session_factory):
+    _new_revision(world)
+    _heartbeat(session_factory, "a", stable=1000, lane=0)  # the step's replica is ready
+    with session_factory() as writer, writer.begin():
+        writer.scalars(
+            select(m.Deployment).where(m.Deployment.name == "chat").with_for_update()
+        ).one()
+        assert _tick(session_factory) == []  # not blocked, not moved
+    assert _tick(session_factory) == ["chat"]

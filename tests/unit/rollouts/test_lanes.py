@@ -14,7 +14,7 @@ from controlplane.contracts import (
     ReplicaQuota,
     RevisionSpec,
 )
-from controlplane.services.rollouts import windows
+from controlplane.services.rollout_windows import windows
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 POLICY = ro.CanaryPolicy(steps=(0.05, 0.25, 0.5, 1.0), hold_s=300)
