@@ -267,7 +267,8 @@ def _deployment_id(session: Session, entry: str) -> str | None:
 
 def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:
     """Keep each cluster's demand and each deployment's sum; True when a sum changed."""
-    demand = {d.name: d.demand for d in state.deployments}
+    # a rollout lane is sized by its rollout, not by its load: its demand adds nothing
+    demand = {d.name: d.demand for d in state.deployments if canary.lane_of(d.name) is None}
     if not set_status(cluster, demand=demand):
         return False
     session.flush()
@@ -311,7 +312,7 @@ def _record_capacity(
         now[report.pool] = PoolCapacity(
             total_gpus=report.total_gpus,
             free_gpus=report.gpus,
-            waiting_replicas={d: n for d, n in report.waiting_replicas.items() if n > 0},
+            waiting_replicas=_by_deployment(report.waiting_replicas),
             reported_at=received_at,
             plan=plan,
         )
@@ -351,6 +352,16 @@ def _record_capacity(
         )
     )
     return "capacity"
+
+
+def _by_deployment(waiting: dict[str, int]) -> dict[str, int]:
+    """Waiting replicas per deployment: a rollout lane's count for the deployment it serves."""
+    out: dict[str, int] = {}
+    for entry, n in waiting.items():
+        lane = canary.lane_of(entry)
+        if n > 0:
+            out[lane[0] if lane else entry] = out.get(lane[0] if lane else entry, 0) + n
+    return out
 
 
 def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:

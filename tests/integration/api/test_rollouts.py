@@ -17,12 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.contracts import (
     DeploymentObserved,
+    FreeCapacity,
     ObservedState,
     OutcomeCounters,
     ReplicaStatus,
     TokenCounters,
 )
 from controlplane.db import models as m
+from controlplane.db.columns import cluster_status
 from controlplane.procurement.tasks import Deps
 from controlplane.services import rollouts
 from controlplane.services.desired import desired_state
@@ -266,10 +268,14 @@ def _heartbeat(
                 replica_id=f"{cluster}-l", deployment="chat--r2", revision="2", state="ready"
             ),
         ],
+        free_capacity=[
+            FreeCapacity(gpu_type="H100-80G", pool="p1", gpus=0, waiting_replicas={"chat--r2": 1})
+        ],
         deployments=[
-            DeploymentObserved(name="chat", outcomes=_counters(stable)),
+            DeploymentObserved(name="chat", demand=2, outcomes=_counters(stable)),
             DeploymentObserved(
                 name="chat--r2",
+                demand=7,
                 outcomes=_counters(lane, lane_errors),
                 usage=TokenCounters(since="r1", input_tokens=7, output_tokens=9),
             ),
@@ -309,6 +315,11 @@ def test_lane_reports_count_for_their_deployment_and_the_tick_walks_the_steps(
         assert sorted(replicas) == [("a-l", 2, "chat"), ("a-s", 1, "chat")]
         assert s.scalars(select(m.TokenUsage.deployment)).all() == ["chat"]
         assert len(s.scalars(select(m.RouterOutcomes)).all()) == 2
+        chat = s.scalars(select(m.Deployment)).one()
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "a")).one()
+        assert chat.demand_replicas == 2  # the lane's size is the rollout's, not its load's
+        assert cluster_status(cluster).demand == {"chat": 2}
+        assert cluster_status(cluster).capacity["p1"].waiting_replicas == {"chat": 1}
 
     before = _generations(session_factory)
     assert _tick(session_factory) == ["chat"]  # 1 lane replica ready of the 1 the step needs
