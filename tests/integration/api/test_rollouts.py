@@ -171,7 +171,9 @@ def test_immediate_or_unplaced_deployments_roll_out_as_before(world, session_fac
     assert world.get("deployments/idle/rollout").status_code == 404  # placed nowhere
 
 
-def test_a_change_during_a_rollout_supersedes_it_from_the_same_stable_revision(world):
+def test_a_change_during_a_rollout_supersedes_it_from_the_same_stable_revision(
+    world, session_factory
+):
     _new_revision(world)
     _new_revision(world, "vllm/vllm-openai:v0.34.0")
 
@@ -179,6 +181,11 @@ def test_a_change_during_a_rollout_supersedes_it_from_the_same_stable_revision(w
     assert (rollout["from_revision"], rollout["to_revision"]) == (1, 3)
     superseded = world.get("events", type="RolloutSuperseded").json()["items"]
     assert len(superseded) == 1 and "superseded by revision 3" in superseded[0]["message"]
+    a = _entries(session_factory, "a")
+    assert set(a) == {"chat", "chat--r3"} and a["chat"].spec.revision == "1"
+    with session_factory() as s:
+        cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "a")).one()
+        assert "chat--r2" in desired_state(s, cluster).retired  # the old lane drains
 
 
 def test_a_revision_number_is_never_taken_again_after_a_rollback(world):
