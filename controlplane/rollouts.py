@@ -1,10 +1,9 @@
 """Rollout decisions, pure: where a canary or blue-green rollout goes next, from what the
 two revisions measured over the same window. No I/O, no clock: callers pass ``now``.
 
-Issue 18's core (docs/rollouts.md). What is built: the decisions and their tests. What is
-not built yet: the rollout record in PostgreSQL, the task that calls ``decide`` on a timer,
-the revision weights in the desired state and the routing table (``PlaneRoute.revision_weights``
-exists, nothing sets it), the routers' split, the API/CLI commands.
+Issue 18's core (docs/rollouts.md). `services/rollouts.py` carries the decisions out (the
+record, the tick, the commands); `lane_entries` below is how a running canary shows in one
+cluster's desired state.
 
 Canary, step by step (default 5 % → 25 % → 50 % → 100 %):
 
@@ -24,12 +23,20 @@ keep window). Commands — pause, resume, promote, rollback — are transitions 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
-from controlplane.contracts import LATENCY_BUCKETS_S, OutcomeCounters
+from controlplane.contracts import (
+    LATENCY_BUCKETS_S,
+    DeploymentDesired,
+    OutcomeCounters,
+    PoolQuota,
+    ReplicaQuota,
+    RevisionSpec,
+)
 
 
 class Phase(StrEnum):
@@ -248,3 +255,80 @@ def promote(r: Rollout, now: datetime) -> Rollout:
 
 def rollback(r: Rollout, now: datetime) -> Rollout:
     return r if r.done else Rollout(r.step, Phase.ROLLED_BACK, now, "rolled back by an operator")
+
+
+# --- rollout lanes in the desired state ----------------------------------------------------
+
+LANE = re.compile(r"^(?P<deployment>.+)--r(?P<revision>[0-9]+)$")
+
+
+def lane_name(deployment: str, revision: int) -> str:
+    """The desired-state entry that runs ``revision`` of ``deployment`` beside its stable
+    revision during a canary (its replicas serve the model name ``deployment``)."""
+    return f"{deployment}--r{revision}"
+
+
+def lane_of(entry: str) -> tuple[str, int] | None:
+    """(deployment, revision) when ``entry`` names a rollout lane, else None (deployment
+    names never look like a lane: `specs.DeploymentSpec` refuses them)."""
+    found = LANE.match(entry)
+    return (found["deployment"], int(found["revision"])) if found else None
+
+
+def _filled(quotas: Sequence[PoolQuota], n: int) -> list[PoolQuota]:
+    """``n`` replicas over the pools in their order of preference, each up to its max."""
+    out, left = [], n
+    for q in quotas:
+        take = min(left, q.max)
+        out.append(PoolQuota(pool=q.pool, min=take, max=take))
+        left -= take
+    return out
+
+
+def lane_entries(
+    entry: DeploymentDesired,
+    here: int,
+    stable: RevisionSpec,
+    r: Rollout,
+    policy: CanaryPolicy,
+    lane: str,
+) -> list[DeploymentDesired]:
+    """A deployment's entry on one cluster (``here``: the replicas placed there) during a
+    canary: the stable entry (``stable``'s spec, its quota scaled to the stable share) and
+    the lane (``entry``'s spec, the new revision, at exactly its replicas: pre-scaled to the
+    next step's while scaling, so traffic never moves to replicas that are not ready). Done,
+    or nothing placed here: the entry as it is (a finished lane is retired by name)."""
+    if r.done or here <= 0:
+        return [entry]
+    now_share = share(r, policy)
+    phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
+    lane_n = replicas_for(here, r, policy) if phase is Phase.SCALING else split(here, now_share)[0]
+
+    def stable_part(n: int) -> int:
+        return split(n, now_share)[1]
+
+    kept = entry.model_copy(
+        update={
+            "spec": stable,
+            "quota": ReplicaQuota(
+                min=stable_part(entry.quota.min), max=stable_part(entry.quota.max)
+            ),
+            "pool_quotas": [
+                PoolQuota(pool=q.pool, min=stable_part(q.min), max=stable_part(q.max))
+                for q in entry.pool_quotas
+            ],
+        }
+    )
+    auto = entry.autoscaling.model_copy(update={"scale_to_zero_idle_seconds": None, "schedule": []})
+    added = entry.model_copy(
+        update={
+            "name": lane,
+            "serves": entry.name,
+            "traffic_share": now_share,
+            "quota": ReplicaQuota(min=lane_n, max=lane_n),
+            "pool_quotas": _filled(entry.pool_quotas, lane_n),
+            "hold_leaving": 0,
+            "autoscaling": auto,
+        }
+    )
+    return [kept, added]

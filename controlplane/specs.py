@@ -6,10 +6,12 @@ what the user owns; `generation` changes only when it changes. Status is ours.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from itertools import pairwise
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -428,6 +430,63 @@ class FailoverSpec(Spec):
         return self.standby_cluster if self.mode == FailoverMode.active_passive else None
 
 
+class RolloutStrategy(StrEnum):
+    canary = "canary"
+    immediate = "immediate"
+
+
+MAX_ROLLOUT_STEPS = 16
+LANE_NAME = r".+--r[0-9]+"
+"""A rollout lane's entry name (`controlplane.rollouts.lane_name`): no deployment's."""
+MAX_HOLD_SECONDS = 86_400.0
+
+
+class GatesSpec(Spec):
+    """What a canary step must show, over the same window as the stable revision, before
+    traffic moves on (docs/rollouts.md; `controlplane.rollouts.Gates`)."""
+
+    min_requests: int = Field(
+        default=100, ge=1, le=1_000_000, description="on each revision before a gate may pass"
+    )
+    max_error_rate_increase: float = Field(
+        default=0.01, ge=0, le=1, description="absolute: the stable error rate + this at most"
+    )
+    max_p99_ttft_ratio: float = Field(
+        default=1.5, ge=1, le=100, description="p99 time to first token, × the stable one's"
+    )
+    max_p99_e2e_ratio: float = Field(
+        default=1.5, ge=1, le=100, description="p99 end-to-end latency, × the stable one's"
+    )
+
+
+class RolloutSpec(Spec):
+    """How a change of the revision fields (`REVISION_FIELDS`) reaches the replicas.
+
+    ``immediate`` (the default for now): every plane replaces its replicas at once, make
+    before break. ``canary``: the new revision runs beside the stable one as a rollout lane
+    and takes ``steps`` of the traffic, each held ``hold_seconds`` and judged by ``gates``.
+    The default stays ``immediate`` until the planes' lanes have run in production."""
+
+    strategy: RolloutStrategy = RolloutStrategy.immediate
+    steps: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=lambda: [0.05, 0.25, 0.5, 1.0],
+        min_length=1,
+        max_length=MAX_ROLLOUT_STEPS,
+        description="the new revision's share of traffic at each step, rising, ending at 1.0",
+    )
+    hold_seconds: float = Field(default=300.0, ge=0, le=MAX_HOLD_SECONDS)
+    gates: GatesSpec = Field(default_factory=GatesSpec)
+
+    @field_validator("steps")
+    @classmethod
+    def _rising_to_all(cls, v: list[float]) -> list[float]:
+        if any(b <= a for a, b in pairwise(v)):
+            raise ValueError(f"must rise step by step (got {v}); sort them and drop repeats")
+        if v[-1] != 1.0:
+            raise ValueError(f"must end at 1.0 (all traffic), not {v[-1]}; append 1.0")
+        return v
+
+
 class DeploymentSpec(Spec):
     name: Name
     model_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
@@ -452,6 +511,16 @@ class DeploymentSpec(Spec):
         description="Where requests come from: region name → weight.",
     )
     failover: FailoverSpec = Field(default_factory=FailoverSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_lane(cls, v: str) -> str:
+        if re.fullmatch(LANE_NAME, v):
+            raise ValueError(
+                f"'{v}' ends like a rollout lane's name (NAME--rREVISION); pick another name"
+            )
+        return v
 
     @field_validator("engine_args")
     @classmethod

@@ -25,7 +25,7 @@ from controlplane.procurement import tasks as procurement
 from controlplane.procurement.adapters import ProviderCache
 from controlplane.procurement.core import Action
 from controlplane.procurement.tasks import Deps
-from controlplane.services import costs
+from controlplane.services import costs, rollouts
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.settings import Settings, get_settings
@@ -39,6 +39,8 @@ log = logging.getLogger("gpufleet.tasks")
 REPLAN = "gpufleet.replan"
 CHECK_CLUSTERS = "gpufleet.check_clusters"
 ACCRUE_COSTS = "gpufleet.accrue_costs"
+ROLLOUTS = "gpufleet.rollouts"
+ROLLOUTS_EVERY_S = 5.0
 
 
 def _broker() -> str:
@@ -53,6 +55,7 @@ celery_app.conf.update(
     broker_connection_retry_on_startup=True,
     beat_schedule={
         "check-clusters": {"task": CHECK_CLUSTERS, "schedule": 5.0},
+        "rollouts": {"task": ROLLOUTS, "schedule": ROLLOUTS_EVERY_S},
         "poll-interruptions": {"task": procurement.POLL_INTERRUPTIONS, "schedule": 0.5},
         "reconcile-instances": {"task": procurement.RECONCILE_INSTANCES, "schedule": 30.0},
         "refresh-offers": {"task": procurement.REFRESH_OFFERS, "schedule": 300.0},
@@ -238,6 +241,21 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
             log.warning("clusters down: %s", ", ".join(down))
             w.procurement.replan(f"cluster down: {', '.join(down)}")
         return down
+
+    @app.task(name=ROLLOUTS, shared=False)
+    def step_rollouts() -> dict[str, str]:
+        """One look at every running canary (docs/rollouts.md): deployment → the phase its
+        rollout moved to. The bus process publishes the clusters it bumped; a rollback put
+        the stable revision's spec back, which placement may size differently."""
+        w = worker()
+        with transaction(w.procurement.factory) as session:
+            moved = rollouts.tick(session, datetime.now(UTC))
+        if moved:
+            log.info("rollouts moved: %s", ", ".join(f"{d} {p}" for d, p in moved.items()))
+        back = sorted(d for d, phase in moved.items() if phase == "rolled_back")
+        if back:
+            w.procurement.replan(f"rolled back: {', '.join(back)}")
+        return moved
 
     @app.task(name=ACCRUE_COSTS, shared=False)
     def accrue_costs() -> dict[str, object]:

@@ -26,6 +26,7 @@ from controlplane.api.observed import observed_routers
 from controlplane.api.openapi import install as install_openapi
 from controlplane.api.parameters import reject_control_characters
 from controlplane.api.placement import placement_router
+from controlplane.api.rollouts import rollouts_router
 from controlplane.api.schemas import HealthOut
 from controlplane.api.webhookmetrics import WebhookCollector
 from controlplane.dashboard.app import install as install_dashboard
@@ -283,6 +284,7 @@ def create_app(
         *inventory_routers(),
         *observed_routers(),
         placement_router(),
+        rollouts_router(),
         costs_router(),
         *(extra_routers or []),
     ]:

@@ -218,6 +218,45 @@ RECORD_PAGES: dict[str, type[BaseModel]] = {
 RevisionPage = Page[RevisionRecord]
 
 
+# --- rollouts (docs/rollouts.md) ------------------------------------------------------------
+
+
+class WindowOut(Out):
+    requests: int
+    errors: int
+    error_rate: float
+    p99_ttft_s: float
+    p99_e2e_s: float
+
+
+class RolloutWindows(Out):
+    stable: WindowOut | None = None
+    new: WindowOut | None = None
+
+
+class RolloutOut(Out):
+    id: str
+    deployment: str
+    strategy: str
+    from_revision: int = Field(description="the stable revision")
+    to_revision: int = Field(description="the new revision the canary moves traffic to")
+    lane: str = Field(description="the desired-state entry that runs the new revision")
+    phase: str = Field(
+        description="scaling, holding, paused, promoted, rolled_back or superseded (a later "
+        "change of the revision ended it)"
+    )
+    step: int = Field(description="index into `steps` of the share it has or scales to")
+    steps: list[float]
+    share: float = Field(description="the new revision's share of the traffic now")
+    reason: str
+    since: datetime = Field(description="when the current phase began")
+    paused_from: str | None
+    windows: RolloutWindows = Field(description="what the gates compared at the last look")
+    created_at: datetime
+    updated_at: datetime | None
+    finished_at: datetime | None
+
+
 # --- placement -----------------------------------------------------------------------------
 
 

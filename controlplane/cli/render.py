@@ -288,9 +288,14 @@ def summary(changes: list[Change]) -> str:
 
 
 def describe(
-    kind: Kind, obj: Mapping[str, Any], events: list[dict[str, Any]], now: datetime
+    kind: Kind,
+    obj: Mapping[str, Any],
+    events: list[dict[str, Any]],
+    now: datetime,
+    rollout: Mapping[str, Any] | None = None,
 ) -> str:
-    """Plain text: a header, the spec as YAML, the status, and recent events."""
+    """Plain text: a header, the spec as YAML, the status, the rollout (deployments that had
+    one), and recent events."""
     lines = [
         f"{kind.name}: {obj.get('name')}",
         f"Id:          {obj.get('id')}",
@@ -301,8 +306,10 @@ def describe(
         _indented(as_yaml([_spec_of(kind, obj)])),
         "Status:",
         _indented(as_yaml([obj.get("status") or {}])) if obj.get("status") else "  (none)",
-        "Events:",
     ]
+    if rollout is not None:
+        lines += ["Rollout:", _indented(rollout_lines(rollout))]
+    lines.append("Events:")
     if not events:
         lines.append("  (none)")
     for e in events:
@@ -318,3 +325,30 @@ def _spec_of(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def _indented(text: str) -> str:
     return "\n".join("  " + line for line in text.rstrip("\n").removesuffix("...").splitlines())
+
+
+def rollout_lines(r: Mapping[str, Any]) -> str:
+    """A rollout as `gpufleet rollout status` and `describe deployment` show it."""
+    steps = ", ".join(f"{s:.0%}" for s in r.get("steps") or [])
+    lines = [
+        f"Deployment:  {r.get('deployment')}",
+        f"Revisions:   {r.get('from_revision')} (stable) → {r.get('to_revision')} "
+        f"(lane {r.get('lane')})",
+        f"Phase:       {r.get('phase')}"
+        + (f" (paused while {r['paused_from']})" if r.get("paused_from") else ""),
+        f"Step:        {int(r.get('step') or 0) + 1} of {len(r.get('steps') or [])} ({steps})",
+        f"Share:       {float(r.get('share') or 0):.0%} of the traffic on the new revision",
+        f"Since:       {r.get('since')}",
+        f"Reason:      {r.get('reason') or '-'}",
+    ]
+    if r.get("finished_at"):
+        lines.append(f"Finished:    {r['finished_at']}")
+    windows = r.get("windows") or {}
+    for side in ("stable", "new"):
+        w = windows.get(side)
+        if w:
+            lines.append(
+                f"Window {side + ':':<7} {w['requests']} requests, {w['error_rate']:.1%} errors, "
+                f"p99 TTFT {w['p99_ttft_s']:.3f}s, p99 end-to-end {w['p99_e2e_s']:.3f}s"
+            )
+    return "\n".join(lines) + "\n"

@@ -260,7 +260,18 @@ def describe(
                 typer.echo(render.as_yaml([obj]), nl=False)
                 return
             recent = _events_of(client, k, name, events)
-        typer.echo(render.describe(k, obj, recent, datetime.now(UTC)), nl=False)
+            rollout = _rollout_of(client, name) if k.path == "deployments" else None
+        typer.echo(render.describe(k, obj, recent, datetime.now(UTC), rollout), nl=False)
+
+
+def _rollout_of(client: Client, deployment: str) -> dict[str, Any] | None:
+    """The deployment's current or last rollout; None when it never had one."""
+    try:
+        return client.get(f"/deployments/{deployment}/rollout", f"deployment '{deployment}'")
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def _events_of(client: Client, kind: Kind, name: str, limit: int) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Typed views of the rows' JSON columns, parsed here, once, at the database edge.
 
-A deployment's `autoscaling`, `placement` and `failover` columns hold its specs (`controlplane.specs`),
+A deployment's `autoscaling`, `placement`, `failover` and `rollout` columns hold its specs (`controlplane.specs`),
 so a knob left unset has exactly one default: the spec's. A row's `status` is ours, one
 model per kind (`controlplane.status`); `set_status` checks each key against that model
 before it writes. Services read these models, never the raw dicts.
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.db.models import Cluster, Deployment, Pool
-from controlplane.specs import AutoscalingSpec, FailoverSpec, PlacementSpec
+from controlplane import rollouts as canary
+from controlplane.db.models import Cluster, Deployment, Pool, Rollout
+from controlplane.specs import AutoscalingSpec, FailoverSpec, PlacementSpec, RolloutSpec
 from controlplane.status import ClusterStatus, DeploymentStatus, PoolStatus, Status
 
 
@@ -30,6 +31,40 @@ def deployment_placement(row: Deployment) -> PlacementSpec:
 
 def deployment_failover(row: Deployment) -> FailoverSpec:
     return FailoverSpec.model_validate(row.failover or {})
+
+
+def deployment_rollout(row: Deployment) -> RolloutSpec:
+    return RolloutSpec.model_validate(row.rollout or {})
+
+
+def policy_of(spec: RolloutSpec) -> canary.CanaryPolicy:
+    g = spec.gates
+    return canary.CanaryPolicy(
+        steps=tuple(spec.steps),
+        hold_s=spec.hold_seconds,
+        gates=canary.Gates(
+            min_requests=g.min_requests,
+            max_error_rate_increase=g.max_error_rate_increase,
+            max_p99_ttft_ratio=g.max_p99_ttft_ratio,
+            max_p99_e2e_ratio=g.max_p99_e2e_ratio,
+        ),
+    )
+
+
+def rollout_policy(row: Rollout) -> canary.CanaryPolicy:
+    """The steps, hold and gates a rollout started with."""
+    return policy_of(RolloutSpec.model_validate(row.policy or {}))
+
+
+def rollout_state(row: Rollout) -> canary.Rollout:
+    """The pure state of a rollout row; ValueError for a superseded one (no pure phase)."""
+    return canary.Rollout(
+        step=row.step,
+        phase=canary.Phase(row.phase),
+        since=row.since,
+        reason=row.reason,
+        paused_from=canary.Phase(row.paused_from) if row.paused_from else None,
+    )
 
 
 STATUS_MODELS: dict[type, type[Status]] = {

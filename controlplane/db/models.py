@@ -131,6 +131,7 @@ class Deployment(ManagedMixin, Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     traffic: Mapped[dict[str, Any]] = mapped_column(default=dict)
     failover: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    rollout: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     revision: Mapped[int] = mapped_column(Integer, default=1)
     demand_replicas: Mapped[int] = mapped_column(Integer, default=0)
 
@@ -387,3 +388,50 @@ class WebhookCursor(Base):
     failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0)
     dead_letters: Mapped[int] = mapped_column(BigInteger, default=0)
     last_error: Mapped[str | None] = mapped_column(String(255))
+
+
+# --- rollouts (0009) -----------------------------------------------------------------------
+
+
+class Rollout(Base):
+    """One canary of a deployment from its stable revision to a new one (docs/rollouts.md):
+    the state `controlplane.rollouts` decides on, as last decided. At most one per deployment
+    is not finished; a later change of the revision ends it (superseded)."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (Index("ix_rollouts_deployment_created", "deployment_id", "created_at"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.id", ondelete="CASCADE"))
+    from_revision: Mapped[int] = mapped_column(Integer)
+    to_revision: Mapped[int] = mapped_column(Integer)
+    strategy: Mapped[str] = mapped_column(String(16))
+    policy: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """The deployment's `rollout` spec when it started: a later edit does not move its steps."""
+    phase: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    since: Mapped[datetime]
+    reason: Mapped[str] = mapped_column(Text, default="")
+    paused_from: Mapped[str | None] = mapped_column(String(16))
+    window_start: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """cluster → entry name → `OutcomeCounters` when the current hold began."""
+    last_windows: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    """The gates' inputs at the last look (`stable`, `new`: `rollouts.Window` as JSON)."""
+    created_at: Mapped[datetime] = mapped_column(server_default=func.now(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        server_default=func.now(), default=utcnow, onupdate=utcnow
+    )
+    finished_at: Mapped[datetime | None]
+
+
+class RouterOutcomes(Base):
+    """The last `OutcomeCounters` a cluster's router reported for one desired-state entry
+    (a deployment or a rollout lane): a rollout's windows are differences of these."""
+
+    __tablename__ = "router_outcomes"
+
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    entry: Mapped[str] = mapped_column(String(128), primary_key=True)
+    counters: Mapped[dict[str, Any]] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(
+        server_default=func.now(), default=utcnow, onupdate=utcnow
+    )

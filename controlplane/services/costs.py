@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from controlplane import costs
+from controlplane import rollouts as canary
 from controlplane.contracts import DeploymentObserved
 from controlplane.db import models as m
 from controlplane.services.placement import held_gpus as instance_gpus
@@ -245,7 +246,8 @@ def record_usage(
         row.output_tokens, row.response_bytes = current.output_tokens, current.response_bytes
         row.cross_region_bytes = current.cross_region_bytes
         if new.input_tokens or new.output_tokens or new.response_bytes:
-            _add_usage(session, costs.floor_hour(at), d.name, cluster, new)
+            lane = canary.lane_of(d.name)  # a rollout lane's tokens are its deployment's
+            _add_usage(session, costs.floor_hour(at), lane[0] if lane else d.name, cluster, new)
 
 
 def _add_usage(

@@ -40,6 +40,7 @@ from controlplane.db.models import (
     cluster_pools,
 )
 from controlplane.procurement.core import ACTIVE
+from controlplane.services import lanes
 from controlplane.specs import AutoscalingSpec
 
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
@@ -158,21 +159,25 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
         deployments.setdefault(deployment.name, deployment)
     total_weight = _total_replicas(session, deployments.values())
     holds = _holds(session, cluster, deployments.values(), total_weight)
+    entries = [
+        _deployment_desired(
+            deployment,
+            by_deployment.get(name, []),
+            total_weight.get(name, 0),
+            standby=deployment_failover(deployment).standby == cluster.name,
+        ).model_copy(update={"hold_leaving": holds.get(name, 0)})
+        for name, deployment in sorted(deployments.items())
+        if name in by_deployment or holds.get(name, 0) > 0
+    ]
+    here = {name: sum(p.replicas for p, _ in placed) for name, placed in by_deployment.items()}
     return DesiredState(
         cluster=cluster.name,
         generation=cluster.desired_generation,
         epoch=cluster.desired_epoch,
-        retired=retired_deployments(session),
-        deployments=[
-            _deployment_desired(
-                deployment,
-                by_deployment.get(name, []),
-                total_weight.get(name, 0),
-                standby=deployment_failover(deployment).standby == cluster.name,
-            ).model_copy(update={"hold_leaving": holds.get(name, 0)})
-            for name, deployment in sorted(deployments.items())
-            if name in by_deployment or holds.get(name, 0) > 0
-        ],
+        retired=sorted(retired_deployments(session) + lanes.retired_lanes(session, RETIRED_WITHIN)),
+        deployments=lanes.with_lanes(
+            entries, here, lanes.running_canaries(session, deployments.values())
+        ),
         instances=_instances(session, cluster),
     )
 

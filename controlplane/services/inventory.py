@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
-from controlplane.services import audit
+from controlplane.services import audit, rollouts
 from controlplane.services.desired import (
     bump_desired,
     clusters_serving,
@@ -346,8 +346,9 @@ def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[s
     if isinstance(row, m.Deployment) and any(
         before.get(f) != after.get(f) for f in REVISION_FIELDS
     ):
-        row.revision += 1
+        previous, row.revision = row.revision, rollouts.next_revision(row)
         row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
+        rollouts.on_revision_change(session, row, previous, datetime.now(UTC))
     if isinstance(row, m.Deployment):  # its snapshot entry changed where it is served
         bump_desired(session, clusters_serving(session, [row.id]))
     # a removal inside an update reaches the planes now, not at the next re-plan

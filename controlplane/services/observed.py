@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from controlplane import rollouts as canary
 from controlplane.contracts import (
     DesiredStateApplied,
     Fact,
@@ -32,7 +33,7 @@ from controlplane.db.columns import cluster_status, deployment_autoscaling, set_
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
 from controlplane.db.session import transaction
 from controlplane.procurement import facts as procurement
-from controlplane.services import costs, epochs
+from controlplane.services import costs, epochs, rollout_windows
 from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
 from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
@@ -120,6 +121,7 @@ class DbSink:
             costs.record_usage(
                 session, cluster.name, state.deployments, received_at, self._bounds.usage_max
             )
+            rollout_windows.record_outcomes(session, cluster.name, state.deployments)
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
             return _record_capacity(session, cluster, state, received_at) or reason, rejected
@@ -168,10 +170,12 @@ def given_to(session: Session, cluster: Cluster) -> Given:
     if cluster.desired_generation < 1:
         return Given(deployments={}, pools=pools)
     desired = desired_state(session, cluster)
-    names = [d.name for d in desired.deployments]
+    served = {d.name: d.serves or d.name for d in desired.deployments}  # a lane: its deployment
+    names = sorted(set(served.values()))
     rows = session.scalars(select(Deployment).where(Deployment.name.in_(names))) if names else []
+    most = {d.name: deployment_autoscaling(d).max_replicas for d in rows}
     return Given(
-        deployments={d.name: deployment_autoscaling(d).max_replicas for d in rows},
+        deployments={entry: most[name] for entry, name in served.items() if name in most},
         pools=pools,
         instances=frozenset(i.id for i in desired.instances),
     )
@@ -230,9 +234,7 @@ def _upsert_replica(
     instances: dict[str, str] | None = None,
 ) -> str | None:
     """Insert or update one replica row; its deployment's id when it just became ready."""
-    deployment_id = session.scalar(
-        select(Deployment.id).where(Deployment.name == replica["deployment"])
-    )
+    deployment_id = _deployment_id(session, replica["deployment"])
     if deployment_id is None:
         return None
     row = session.scalars(
@@ -255,9 +257,18 @@ def _upsert_replica(
     return deployment_id if became_ready else None
 
 
+def _deployment_id(session: Session, entry: str) -> str | None:
+    """The deployment a desired-state entry runs: its own, or the one a rollout lane serves
+    (a lane's replicas are the deployment's, at the lane's revision)."""
+    lane = canary.lane_of(entry)
+    name = lane[0] if lane else entry
+    return session.scalar(select(Deployment.id).where(Deployment.name == name))
+
+
 def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:
     """Keep each cluster's demand and each deployment's sum; True when a sum changed."""
-    demand = {d.name: d.demand for d in state.deployments}
+    # a rollout lane is sized by its rollout, not by its load: its demand adds nothing
+    demand = {d.name: d.demand for d in state.deployments if canary.lane_of(d.name) is None}
     if not set_status(cluster, demand=demand):
         return False
     session.flush()
@@ -301,7 +312,7 @@ def _record_capacity(
         now[report.pool] = PoolCapacity(
             total_gpus=report.total_gpus,
             free_gpus=report.gpus,
-            waiting_replicas={d: n for d, n in report.waiting_replicas.items() if n > 0},
+            waiting_replicas=_by_deployment(report.waiting_replicas),
             reported_at=received_at,
             plan=plan,
         )
@@ -341,6 +352,16 @@ def _record_capacity(
         )
     )
     return "capacity"
+
+
+def _by_deployment(waiting: dict[str, int]) -> dict[str, int]:
+    """Waiting replicas per deployment: a rollout lane's count for the deployment it serves."""
+    out: dict[str, int] = {}
+    for entry, n in waiting.items():
+        lane = canary.lane_of(entry)
+        if n > 0:
+            out[lane[0] if lane else entry] = out.get(lane[0] if lane else entry, 0) + n
+    return out
 
 
 def _event_for(cluster: Cluster, fact: Fact, received_at: datetime) -> Event:

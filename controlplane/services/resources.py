@@ -334,6 +334,7 @@ def _load_deployment(row: m.Deployment) -> dict[str, Any]:
         "priority": row.priority,
         "traffic": row.traffic,
         "failover": deployment_failover(row).model_dump(mode="json"),
+        "rollout": row.rollout or {},
     }
 
 

@@ -86,6 +86,34 @@ FAILOVER = Field(
     ),
 )
 
+ROLLOUT = Field(
+    "rollout",
+    "block",
+    description="How a new revision reaches the replicas (docs/rollouts.md).",
+    children=(
+        Field("strategy", "string", default="immediate", description="immediate, canary."),
+        Field(
+            "steps",
+            "list",
+            element="number",
+            default=[0.05, 0.25, 0.5, 1.0],
+            description="canary: the new revision's share at each step, ending at 1.0.",
+        ),
+        Field("hold_seconds", "number", default=300),
+        Field(
+            "gates",
+            "block",
+            description="canary: what each step must show against the stable revision.",
+            children=(
+                Field("min_requests", "int", default=100),
+                Field("max_error_rate_increase", "number", default=0.01),
+                Field("max_p99_ttft_ratio", "number", default=1.5),
+                Field("max_p99_e2e_ratio", "number", default=1.5),
+            ),
+        ),
+    ),
+)
+
 KINDS: tuple[Kind, ...] = (
     Kind(
         "provider",
@@ -182,6 +210,7 @@ KINDS: tuple[Kind, ...] = (
             AUTOSCALING,
             PLACEMENT,
             FAILOVER,
+            ROLLOUT,
         ),
         "A model served by vLLM.",
         force_delete=True,

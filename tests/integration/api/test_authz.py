@@ -37,6 +37,8 @@ RULES: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/api/v1/deployments/{ref}/revisions"): V,
+    ("GET", "/api/v1/deployments/{ref}/rollout"): V,
+    ("POST", "/api/v1/deployments/{ref}/rollout/{command}"): OP,
     ("GET", "/api/v1/placement"): V,
     ("POST", "/api/v1/placement/preview"): V,
     ("POST", "/api/v1/placement/replan"): OP,

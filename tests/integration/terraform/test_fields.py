@@ -29,6 +29,8 @@ NESTED = {
     "placement": specs.PlacementSpec,
     "schedule": specs.ScheduleEntry,
     "failover": specs.FailoverSpec,
+    "rollout": specs.RolloutSpec,
+    "gates": specs.GatesSpec,
 }
 
 
