@@ -12,6 +12,7 @@ are relayed event by event and, if the plane dies mid-stream, continued on anoth
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -83,6 +84,10 @@ class GatewayConfig:
     max_attempts: int = 3
     continuations: int = 2
     """How many times one stream may move to another plane."""
+    continuation_wait_s: float = 5.0
+    """When no plane can take a broken stream at once, how long it waits for one that was
+    cut only softly (the gateway's own late probe, or a replica failing inside a live
+    plane) to be back in rotation."""
     head_timeout_s: float | None = None
     """Deadline for a plane's response head (None: planes queue requests; hung planes are
     found by the probes)."""
@@ -334,6 +339,8 @@ class GatewayApp:
         gone = client.gone()
         tracker = StreamTracker.of(path, payload)
         tried = {opened.plane.cluster}
+        hard: set[str] = set()
+        """Planes whose connection broke: never asked to continue this stream again."""
         moves = 0
         while True:
             broken = ""
@@ -349,6 +356,8 @@ class GatewayApp:
                     broken = tracker.upstream_error or "the plane ended the stream without [DONE]"
             except UpstreamError as exc:
                 broken = str(exc)
+                if not opened.attempt.cut_here:  # its connection broke: not our own cut
+                    hard.add(opened.plane.cluster)
             finally:
                 opened.resp.release()
                 opened.plane.attempts.discard(opened.attempt)
@@ -371,8 +380,8 @@ class GatewayApp:
                 tracker.next_segment()
                 try:
                     body = json.dumps(nxt).encode()
-                    opened = await self._open(
-                        str(payload["model"]), path, forward, body, True, region, asked, tried
+                    opened = await self._reopen(
+                        str(payload["model"]), path, forward, body, region, asked, (tried, hard)
                     )
                     if opened.resp.status == 200:
                         self.metrics.failovers.labels("mid_stream").inc()
@@ -391,6 +400,38 @@ class GatewayApp:
             break
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return sent
+
+    async def _reopen(
+        self,
+        model: str,
+        path: str,
+        forward: list[tuple[bytes, bytes]],
+        body: bytes,
+        region: str | None,
+        asked: frozenset[str],
+        planes: tuple[set[str], set[str]],
+    ) -> _Opened:
+        """A plane to continue a broken stream on: one not tried yet; else, within
+        ``continuation_wait_s``, one tried before whose connection did not break (it was
+        cut for a late probe on a loaded machine, or a replica failed inside it) once it is
+        back in rotation. Raises ``Refused`` or ``UpstreamError`` as ``_open`` does."""
+        tried, hard = planes
+        try:
+            return await self._open(model, path, forward, body, True, region, asked, tried)
+        except (Refused, UpstreamError) as exc:
+            if tried <= hard:
+                raise
+            first = exc
+        deadline = self.state.clock() + self.config.continuation_wait_s
+        while self.state.clock() < deadline:
+            choice = self.state.choose(model, region, asked)
+            if choice is None:
+                break
+            if not choice.last_resort and any(r.cluster not in hard for r in choice.ranked):
+                tried.intersection_update(hard)  # the soft ones may be asked again
+                return await self._open(model, path, forward, body, True, region, asked, tried)
+            await asyncio.sleep(0.05)
+        raise first
 
     # --- other routes ---------------------------------------------------------------------
     async def models(self, send: Send) -> None:

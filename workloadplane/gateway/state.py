@@ -83,6 +83,8 @@ class Attempt:
     cut: Abort | None = None
     alive_at: float | None = None
     """When its plane last showed it alive: the response head, then each chunk."""
+    cut_here: bool = False
+    """The gateway cut it (silent on a plane a probe found late): its connection held."""
 
 
 @dataclass(eq=False)
@@ -287,6 +289,7 @@ class GatewayState:
             for a in list(plane.attempts):
                 silent = a.alive_at is None or now - a.alive_at >= self.params.stream_stall_s
                 if a.started and a.cut is not None and silent:
+                    a.cut_here = True
                     a.cut(f"plane {cluster} stopped answering: {reason}")
         if not plane.health.failed(self.clock(), reason):
             return False

@@ -280,10 +280,13 @@ def test_forged_and_malformed_messages_are_rejected_and_counted(fleet: Fleet):
     assert post(fleet).status_code == 200  # still routing from the last good table
 
 
-def _stream(url: str, body: dict, on_chunk=None) -> tuple[str, list[str], dict | None]:
+def _stream(
+    url: str, body: dict, on_chunk=None, headers: dict[str, str] | None = None
+) -> tuple[str, list[str], dict | None]:
     """(text, raw data lines, usage) of one SSE stream."""
     text, lines, usage = [], [], None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30,
+                      headers=headers) as r:  # fmt: skip
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -327,6 +330,41 @@ def test_a_stream_continues_on_another_plane_when_its_plane_dies(fleet: Fleet, d
     assert usage is not None and ref_usage is not None
     assert usage["completion_tokens"] == ref_usage["completion_tokens"] == 60
     assert usage["prompt_tokens"] == ref_usage["prompt_tokens"]
+    fleet.wait_ranked("g1", "chat", {"a", "b", "de"})
+
+
+def test_a_continued_stream_outlives_a_stall_of_the_plane_it_moved_to(fleet: Fleet):
+    """Plane a dies mid-stream and the stream moves to b; then b stalls for 1.6 s (SIGSTOP,
+    as a router starved on a loaded machine): the gateway cuts the silent stream and takes
+    b out, but b's connection never broke, so the stream waits for b to be back in
+    rotation and continues there (a and de are not allowed: de is outside the US)."""
+    body = chat(max_tokens=80, stream=True, ignore_eos=True,
+                stream_options={"include_usage": True})  # fmt: skip
+    reference, _, _ = _stream(f"http://127.0.0.1:{fleet.ports['router-b']}", body)
+    fleet.wait_ranked("g1", "chat", {"a", "b", "de"})
+    faults: list[str] = []
+    resume = threading.Timer(1.6, lambda: fleet.signal("router-b", signal.SIGCONT))
+
+    def fault_midway(chunks: int) -> None:
+        if chunks == 10 and not faults:
+            faults.append("a killed")
+            fleet.kill("router-a")
+        elif chunks == 20 and len(faults) == 1:  # now flowing from b
+            faults.append("b stopped")
+            fleet.signal("router-b", signal.SIGSTOP)
+            resume.start()
+
+    try:
+        text, lines, usage = _stream(fleet.url("g1"), body, fault_midway,
+                                     {"x-gpufleet-jurisdiction": "US"})  # fmt: skip
+    finally:
+        resume.cancel()
+        fleet.signal("router-b", signal.SIGCONT)
+        fleet.restart("router-a")
+    assert faults == ["a killed", "b stopped"], faults
+    assert text == reference
+    assert lines.count("data: [DONE]") == 1 and lines[-1] == "data: [DONE]"
+    assert usage is not None and usage["completion_tokens"] == 80
     fleet.wait_ranked("g1", "chat", {"a", "b", "de"})
 
 
