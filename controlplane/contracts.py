@@ -255,6 +255,12 @@ class ReplicaStatus(Model):
     started_at: datetime | None = None
     pool: str | None = Field(default=None, description="capacity pool whose GPUs it uses")
     instance: str | None = Field(default=None, description="provider instance id it runs on")
+    serves: str = Field(
+        default="",
+        max_length=128,
+        description="a rollout lane's replica: the deployment whose name it answers "
+        "(added within v1)",
+    )
 
 
 class InstanceDesired(Model):

@@ -56,6 +56,7 @@ from workloadplane.reconcile import (
     StartReplica,
     StopReplica,
     keep_dropped,
+    lane_adoptions,
     leaving_replicas,
     reconcile,
     replica_transitions,
@@ -244,6 +245,11 @@ class Agent:
             self._counts.update(replicas)
             transitions = self._transitions(replicas)
             effective = self._effective(desired) if desired is not None else None
+            if effective is not None and (adopted := lane_adoptions(effective, replicas)):
+                for replica_id, deployment in adopted:
+                    log.info("replica %s of a promoted lane joins %s", replica_id, deployment)
+                    await self.runtime.adopt(replica_id, deployment)
+                replicas = await self.runtime.list_replicas()
             if self.router is not None:
                 if effective is not None:
                     self.router.set_deployments(effective.deployments)

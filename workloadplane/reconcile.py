@@ -348,3 +348,21 @@ def replica_transitions(
         elif replica.state == "failed" and before != "failed":
             changes.append(("failed", replica))
     return changes
+
+
+def lane_adoptions(
+    desired: DesiredState, replicas: Sequence[ReplicaStatus]
+) -> list[tuple[str, str]]:
+    """(replica id, deployment) for each replica of a rollout lane the snapshot no longer
+    lists whose revision is now its deployment's own: a promoted canary's replicas join
+    the deployment (no restart, no gap while new ones would start) instead of draining.
+    A rolled-back lane's replicas run another revision than the deployment's: they drain."""
+    entries = {d.name: d for d in desired.deployments}
+    out: list[tuple[str, str]] = []
+    for r in replicas:
+        if not r.serves or r.deployment in entries or r.state not in ("starting", "ready"):
+            continue
+        owner = entries.get(r.serves)
+        if owner is not None and not owner.serves and owner.spec.revision == r.revision:
+            out.append((r.replica_id, owner.name))
+    return out

@@ -273,6 +273,7 @@ class Router:
                 backend = Backend(r, self.config.readmit_after)
                 self.backends[r.replica_id] = backend
             backend.state = r.state
+            backend.deployment = r.deployment  # a promoted lane's replica changes hands
         for rid in [rid for rid in self.backends if rid not in seen]:
             backend = self.backends.pop(rid)
             backend.abort_unstarted("replica gone")

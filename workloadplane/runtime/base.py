@@ -38,6 +38,11 @@ class Runtime(Protocol):
 
     async def list_replicas(self) -> list[ReplicaStatus]: ...
 
+    async def adopt(self, replica_id: str, deployment: str) -> None:
+        """The replica now belongs to ``deployment`` (a promoted rollout lane's replica
+        joins the deployment it served: same revision, same served name, no restart)."""
+        ...
+
 
 # --- optional capabilities: what a runtime may be given or offer, passed explicitly ----------
 

@@ -48,10 +48,18 @@ class InMemoryRuntime:
             state="starting",
             pool=pool,
             instance=instance,
+            serves=serves,
         )
         self._replicas[replica_id] = replica
         self.started += 1
         return replica
+
+    async def adopt(self, replica_id: str, deployment: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
+            self._replicas[replica_id] = replica.model_copy(
+                update={"deployment": deployment, "serves": ""}
+            )
 
     async def stop(self, replica_id: str) -> None:
         self._used.pop(replica_id, None)

@@ -82,6 +82,7 @@ class _Replica:
             started_at=self.started_at,
             pool=self.pool,
             instance=self.instance,
+            serves=self.serves,
         )
 
 
@@ -148,6 +149,14 @@ class ProcessRuntime:
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
         self._save()  # the router sees it starting at once (requests wait for it)
         return replica.status(self.config.host)
+
+    async def adopt(self, replica_id: str, deployment: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.deployment == deployment:
+            return
+        replica.deployment, replica.serves = deployment, ""
+        self._save()
+        self._changed()
 
     async def stop(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)

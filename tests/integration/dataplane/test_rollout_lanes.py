@@ -58,14 +58,25 @@ async def test_a_lane_serves_its_share_under_the_deployments_name(sim_plane: Pla
         observed = await sim_plane.agent.observed_state()
         reported = {d.name: d.outcomes for d in observed.deployments}
         assert reported["chat--r2"] is not None and reported["chat--r2"].requests == 2 * before
-    # the rollout ends: the control plane retires the lane (else a lane that had traffic
-    # would be kept through the disappearance grace), and its replica goes
+    # promoted: the deployment is now revision r2 and the lane retired (else a lane that had
+    # traffic would be kept through the disappearance grace). The lane's ready replica joins
+    # the deployment as it is — the same process, no new start — and r1's replica drains
+    lane_id = next(r.replica_id for r in replicas if r.deployment == "chat--r2")
+    lane_pid = sim_plane.pid(lane_id)
+    promoted = stable.model_copy(update={"spec": lane.spec})
     sim_plane.generation += 1
     await sim_plane.agent.on_desired(DesiredState(cluster="test", generation=sim_plane.generation,
-                                                  deployments=[stable], retired=["chat--r2"]))  # fmt: skip
+                                                  deployments=[promoted], retired=["chat--r2"]))  # fmt: skip
     async with asyncio.timeout(30):
-        while any(r.deployment == "chat--r2" for r in await sim_plane.runtime.list_replicas()):
+        while {(r.replica_id, r.deployment) for r in await sim_plane.runtime.list_replicas()} != {
+            (lane_id, "chat")
+        }:
             await asyncio.sleep(0.05)
+    assert sim_plane.pid(lane_id) == lane_pid
+    async with httpx.AsyncClient(base_url=sim_plane.url, timeout=20) as client:
+        answer = await client.post("/v1/chat/completions", json={
+            "model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["model"] == "chat"
 
 
 async def test_a_shadow_lane_gets_copies_and_never_changes_the_users_answers(sim_plane: Plane):

@@ -45,7 +45,8 @@ class RecordingRuntime:
     async def start(self, deployment: str, spec: RevisionSpec, *, pool: str | None = None,
                     instance: str | None = None, serves: str = "") -> ReplicaStatus:  # fmt: skip
         replica = make_replica(f"{deployment}-{next(self._ids)}", deployment, spec.revision,
-                               "starting").model_copy(update={"pool": pool, "instance": instance})  # fmt: skip
+                               "starting").model_copy(update={"pool": pool, "instance": instance,
+                                                              "serves": serves})  # fmt: skip
         self.replicas[replica.replica_id] = replica
         self.calls.append(("start", replica.replica_id))
         return replica
@@ -63,6 +64,12 @@ class RecordingRuntime:
 
     async def list_replicas(self) -> list[ReplicaStatus]:
         return list(self.replicas.values())
+
+    async def adopt(self, replica_id: str, deployment: str) -> None:
+        self.calls.append(("adopt", replica_id))
+        self.replicas[replica_id] = self.replicas[replica_id].model_copy(
+            update={"deployment": deployment, "serves": ""}
+        )
 
     def make_ready(self) -> None:
         for rid, r in self.replicas.items():

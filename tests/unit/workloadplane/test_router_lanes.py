@@ -96,3 +96,24 @@ def test_the_gateways_see_a_canary_lane_as_part_of_its_deployment_and_never_a_sh
     (chat,) = report.deployments  # the lanes are no deployments of their own
     limit = router.deployments["chat"].limit
     assert chat.name == "chat" and chat.ready_replicas == 3 and chat.capacity == 3 * limit
+
+
+def test_a_promoted_lanes_replicas_join_their_deployment_and_a_rolled_back_ones_do_not():
+    from controlplane.contracts import DesiredState
+    from workloadplane.reconcile import lane_adoptions
+
+    def lane_replica(rid: str, revision: str, state: str = "ready") -> ReplicaStatus:
+        return ReplicaStatus(replica_id=rid, deployment="chat--r2", revision=revision,
+                             state=state, serves="chat")  # type: ignore[arg-type]  # fmt: skip
+
+    replicas = [lane_replica("c1", "r2"), lane_replica("c2", "r2", "draining"),
+                ReplicaStatus(replica_id="s1", deployment="chat", revision="r1", state="ready")]  # fmt: skip
+    promoted = DesiredState(cluster="a", generation=2, deployments=[entry("chat", "r2")],
+                            retired=["chat--r2"])  # fmt: skip
+    assert lane_adoptions(promoted, replicas) == [("c1", "chat")]  # not the draining one
+    rolled_back = promoted.model_copy(update={"deployments": [entry("chat", "r1")]})
+    assert lane_adoptions(rolled_back, replicas) == []
+    running = promoted.model_copy(
+        update={"deployments": [entry("chat", "r1"), entry("chat--r2", "r2", "chat", 0.5)]}
+    )
+    assert lane_adoptions(running, replicas) == []  # the lane is still desired
