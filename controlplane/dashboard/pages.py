@@ -20,7 +20,7 @@ from controlplane.dashboard.web import (
     started,
 )
 from controlplane.errors import BadRequest, Forbidden
-from controlplane.services import fleet_view, inventory, records
+from controlplane.services import fleet_view, inventory, records, rollouts
 from controlplane.services.records import RECORDS
 from controlplane.services.resources import KINDS
 from controlplane.specs import Role
@@ -143,6 +143,8 @@ def pages_router() -> APIRouter:
             row = inventory.get(session, KINDS["deployments"], name)
             body = inventory.to_json(KINDS["deployments"], row)
             revisions = records.revisions(session, name)["items"]
+            last = rollouts.latest(session, row.id)
+            rollout = rollouts.view(last, row) if last is not None else None
             replicas = records.page(
                 session, RECORD["replicas"], {"deployment": name}, PAGE_SIZE, None
             )["items"]
@@ -156,7 +158,7 @@ def pages_router() -> APIRouter:
         )  # after the session: no network call inside a transaction
         return render(
             request, "deployment.html", principal, active="deployments", d=body,
-            revisions=revisions[-10:], replicas=replicas, clusters=clusters,
+            revisions=revisions[-10:], replicas=replicas, clusters=clusters, rollout=rollout,
             placement=(body["status"].get("placement") or {}), routers=urls, serving=figures,
         )  # fmt: skip
 

@@ -385,3 +385,20 @@ def test_the_tick_skips_a_deployment_a_write_holds_instead_of_waiting(world, ses
         ).one()
         assert _tick(session_factory) == []  # not blocked, not moved
     assert _tick(session_factory) == ["chat"]
+
+
+def test_the_dashboards_deployment_page_shows_the_rollout(world, app_client, tokens):
+    from controlplane.dashboard.session import COOKIE
+
+    login = app_client.post("/login", data={"token": tokens["viewer"]}, follow_redirects=False)
+    assert login.status_code == 303 and COOKIE in login.cookies
+    before = app_client.get("/deployments/chat")
+    assert (
+        before.status_code == 200
+        and "the next change of a revision field starts a canary" in before.text
+    )
+    _new_revision(world)
+    page = app_client.get("/deployments/chat")
+    assert page.status_code == 200
+    assert "Revision 1 → 2 (canary)" in page.text and "<strong>scaling</strong>" in page.text
+    assert "25 % → 100 %" in page.text
