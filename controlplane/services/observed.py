@@ -105,6 +105,7 @@ class DbSink:
         self, name: str, state: ObservedState, received_at: datetime
     ) -> tuple[str | None, list[str]]:
         with transaction(self._factory) as session:
+            _lock_deployments(session, state)
             cluster = _cluster(session, name)
             if cluster is None:
                 return None, []
@@ -255,6 +256,21 @@ def _upsert_replica(
     row.instance_id = (instances or {}).get(replica.get("instance") or "")
     row.revision = int(replica["revision"]) if str(replica["revision"]).isdigit() else row.revision
     return deployment_id if became_ready else None
+
+
+def _lock_deployments(session: Session, state: ObservedState) -> None:
+    """Lock the deployments the report touches (their replicas, demand, waiting replicas)
+    before the cluster row, in id order: a write to a deployment locks it and then its
+    clusters (bump_desired), so taking the cluster first could deadlock with it."""
+    names = {d.name for d in state.deployments} | {r.deployment for r in state.replicas}
+    names = {(lane[0] if (lane := canary.lane_of(n)) else n) for n in names}
+    if names:
+        session.execute(
+            select(Deployment.id)
+            .where(Deployment.name.in_(sorted(names)))
+            .order_by(Deployment.id)
+            .with_for_update(key_share=True)  # FOR NO KEY UPDATE
+        ).all()
 
 
 def _deployment_id(session: Session, entry: str) -> str | None:
