@@ -247,6 +247,7 @@ class Router:
         self.since = uuid.uuid4().hex
         """Names this router's counters: a restarted router counts from zero again."""
         self._usage: dict[str, list[int]] = {}
+        self._lanes: dict[str, list[DeploymentEntry]] = {}
         self._outcomes: dict[str, _Outcomes] = {}
 
     # --- feeding -------------------------------------------------------------------------
@@ -299,6 +300,11 @@ class Router:
             if mine.keys() != entry.backends.keys():
                 entry.backends, entry.ring = mine, None
         self._rebuild_aliases()
+        lanes: dict[str, list[DeploymentEntry]] = {}
+        for entry in sorted(self.deployments.values(), key=lambda e: e.name):
+            if entry.serves:
+                lanes.setdefault(entry.serves, []).append(entry)
+        self._lanes = lanes
         for entry in self.deployments.values():
             self._pump(entry)
 
@@ -327,16 +333,12 @@ class Router:
         while the shares stay put (a larger share keeps the sessions a smaller one had).
         A lane with no ready replica in rotation takes nothing (it is still scaling, or
         its replicas failed): its share goes to the deployment, nothing waits for it."""
-        lanes = [
-            e
-            for e in self.deployments.values()
-            if e.serves == entry.name and not e.mirror and self._lane_ready(e)
-        ]
+        lanes = [e for e in self.lanes_of(entry.name) if self._lane_ready(e)]
         if not lanes:
             return entry
         point = _unit(session_key) if session_key else random.random()
         edge = 0.0
-        for lane in sorted(lanes, key=lambda e: e.name):
+        for lane in lanes:
             edge += lane.share
             if point < edge:
                 return lane
@@ -344,11 +346,12 @@ class Router:
 
     def shadows_for(self, entry: DeploymentEntry) -> list[DeploymentEntry]:
         """The shadow lanes that get a copy of some of ``entry``'s requests now."""
-        return [
-            e
-            for e in self.deployments.values()
-            if e.serves == entry.name and e.mirror and self._lane_ready(e)
-        ]
+        return [e for e in self.lanes_of(entry.name, mirror=True) if self._lane_ready(e)]
+
+    def lanes_of(self, name: str, *, mirror: bool = False) -> list[DeploymentEntry]:
+        """The rollout lanes of deployment ``name`` (``mirror``: its shadows instead), by
+        name; kept by ``_attach``, so a request does not scan every deployment."""
+        return [e for e in self._lanes.get(name, ()) if e.mirror == mirror]
 
     def _lane_ready(self, lane: DeploymentEntry) -> bool:
         return (

@@ -62,9 +62,7 @@ def plane_load(
             continue  # a rollout lane: counted in the deployment it serves, below
         # a canary lane takes part of the deployment's traffic on its own replicas: the
         # gateways see one deployment (a shadow's copies are not the users' load)
-        sides = [entry] + [
-            e for e in router.deployments.values() if e.serves == name and not e.mirror
-        ]
+        sides = [entry, *router.lanes_of(name)]
         ready = sum(1 for e in sides for b in e.backends.values() if b.routable)
         starting = sum(1 for e in sides for b in e.backends.values() if b.state == "starting")
         ttft, rate = window.summary(name, now)

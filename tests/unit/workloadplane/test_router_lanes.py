@@ -117,3 +117,28 @@ def test_a_promoted_lanes_replicas_join_their_deployment_and_a_rolled_back_ones_
         update={"deployments": [entry("chat", "r1"), entry("chat--r2", "r2", "chat", 0.5)]}
     )
     assert lane_adoptions(running, replicas) == []  # the lane is still desired
+
+
+async def test_shadow_copies_are_bounded_and_the_excess_is_dropped_and_counted():
+    from workloadplane.router.app import RouterApp
+    from workloadplane.router.core import RouterConfig
+    from workloadplane.router.dispatch import Dispatcher, Forward
+    from workloadplane.router.metrics import RouterMetrics
+
+    router = Router(RouterConfig(shadow_max_in_flight=1))
+    shadow = entry("chat--r3", "r3", "chat", 1.0).model_copy(update={"mirror": True})
+    router.set_deployments([entry("chat", "r1"), shadow])
+    router.set_replicas([replica("s1", "chat"), replica("c333", "chat--r3")])
+    metrics = RouterMetrics()
+    app = RouterApp(router, Dispatcher(router, metrics), metrics)
+    chat = router.resolve("chat")
+    assert chat is not None
+    (lane,) = router.shadows_for(chat)
+    copy = Forward("/v1/chat/completions", [], b"{}", False)
+    for _ in range(3):  # share 1.0: every request is copied, but only one copy at a time
+        app._mirror(lane, copy)
+    dropped = metrics.registry.get_sample_value(
+        "gpufleet_router_shadow_requests_total", {"deployment": "chat--r3", "outcome": "dropped"}
+    )
+    assert len(app._shadows) == 1 and dropped == 2
+    await app.close_shadows()
