@@ -277,7 +277,7 @@ class GatewayApp:
             ranked = candidates[0]
             plane = self.state.planes[ranked.cluster]
             tried.add(ranked.cluster)
-            attempt = Attempt(model)
+            attempt = Attempt(model, asked)
             plane.attempts.add(attempt)
 
             def abortable(abort: Any, attempt: Attempt = attempt) -> None:

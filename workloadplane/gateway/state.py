@@ -78,6 +78,8 @@ class Attempt:
     """One request's exchange with a plane: what ejecting the plane does to it."""
 
     deployment: str
+    jurisdictions: frozenset[str] = frozenset()
+    """The request's residency (where it may move)."""
     started: bool = False
     cancel: Abort | None = None
     cut: Abort | None = None
@@ -288,7 +290,7 @@ class GatewayState:
             now = self.clock()
             for a in list(plane.attempts):
                 silent = a.alive_at is None or now - a.alive_at >= self.params.stream_stall_s
-                if a.started and a.cut is not None and silent:
+                if a.started and a.cut is not None and silent and self._elsewhere(a, cluster):
                     a.cut_here = True
                     a.cut(f"plane {cluster} stopped answering: {reason}")
         if not plane.health.failed(self.clock(), reason):
@@ -299,6 +301,15 @@ class GatewayState:
             if not a.started and a.cancel is not None:
                 a.cancel(f"plane {cluster} out of rotation: {reason}")
         return True
+
+    def _elsewhere(self, attempt: Attempt, cluster: str) -> bool:
+        """Another plane in rotation may take ``attempt`` now. If none may, cutting it would
+        only move it back to ``cluster`` once that is back: a stalled connection that
+        resumes by itself is the better bet, and the stream keeps its moves."""
+        choice = self.choose(attempt.deployment, None, attempt.jurisdictions)
+        if choice is None or choice.last_resort:
+            return False
+        return any(r.cluster != cluster for r in choice.ranked)
 
     def probe_failed(self, cluster: str, reason: str, began: float) -> bool:
         """A health probe sent at ``began`` failed or came late: the plane is out of

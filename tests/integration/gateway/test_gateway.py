@@ -335,9 +335,9 @@ def test_a_stream_continues_on_another_plane_when_its_plane_dies(fleet: Fleet, d
 
 def test_a_continued_stream_outlives_a_stall_of_the_plane_it_moved_to(fleet: Fleet):
     """Plane a dies mid-stream and the stream moves to b; then b stalls for 1.6 s (SIGSTOP,
-    as a router starved on a loaded machine): the gateway cuts the silent stream and takes
-    b out, but b's connection never broke, so the stream waits for b to be back in
-    rotation and continues there (a and de are not allowed: de is outside the US)."""
+    as a router starved on a loaded machine): the gateway's probes take b out, but no other
+    plane may take the stream (a is dead, de is outside the US), so it is not cut: it
+    resumes on b's connection, whole, and keeps its moves."""
     body = chat(max_tokens=80, stream=True, ignore_eos=True,
                 stream_options={"include_usage": True})  # fmt: skip
     reference, _, _ = _stream(f"http://127.0.0.1:{fleet.ports['router-b']}", body)

@@ -33,11 +33,13 @@ class Clock:
         return self.now
 
 
-def table(generation: int, epoch: int = 0) -> bytes:
-    plane = PlaneRoute(cluster="a", endpoint="http://127.0.0.1:9", region="r", jurisdiction="US",
-                       latitude=0, longitude=0)  # fmt: skip
+def table(generation: int, epoch: int = 0, planes: dict[str, str] | None = None) -> bytes:
+    """One deployment ``chat<generation>`` on ``planes`` (cluster → jurisdiction; a in US)."""
+    routes = [PlaneRoute(cluster=c, endpoint=f"http://127.0.0.1:{9 + i}", region="r",
+                         jurisdiction=j, latitude=0, longitude=0)
+              for i, (c, j) in enumerate((planes or {"a": "US"}).items())]  # fmt: skip
     t = RoutingTable(generation=generation, epoch=epoch,
-                     deployments=[DeploymentRoute(name=f"chat{generation}", planes=[plane])])  # fmt: skip
+                     deployments=[DeploymentRoute(name=f"chat{generation}", planes=routes)])  # fmt: skip
     return t.model_dump_json().encode()
 
 
@@ -105,10 +107,10 @@ def test_a_late_probe_does_not_cut_a_plane_that_is_streaming_but_one_that_is_sil
 ):
     """A loaded router may answer /health late while it streams: its streams flow, so it
     stays in rotation and they are not cut. Silent since the probe went out (hung, cut off):
-    out, and its streams cut so that they continue elsewhere."""
+    out, and its streams cut so that they continue elsewhere (b)."""
     clock = Clock()
     state = GatewayState("r", clock, RoutesStore(tmp_path))
-    assert state.apply_table(table(1))
+    assert state.apply_table(table(1, planes={"a": "US", "b": "US"}))
     cuts: list[str] = []
     plane = state.planes["a"]
     plane.attempts.add(Attempt("chat1", started=True, cut=cuts.append))
@@ -129,4 +131,26 @@ def test_a_late_probe_does_not_cut_a_plane_that_is_streaming_but_one_that_is_sil
     clock.now += 0.75  # the next late probe: the new stream is silent for 1.15 s now
     assert not state.probe_failed("a", "health probe: timed out", clock.now - 0.5)
     assert len(cuts) == 2
+    state.close()
+
+
+def test_a_late_probe_leaves_a_silent_stream_that_could_only_come_back_to_its_plane(
+    tmp_path: Path,
+):
+    """A silent stream is cut so that it continues elsewhere: where no other plane may take
+    it (the only other one is ejected, or outside the request's residency), the cut would
+    only bring it back to the same plane once that answers again and spend one of its moves
+    — it is left to resume on its own connection."""
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US", "b": "US", "de": "DE"}))
+    cuts: list[str] = []
+    for name, asked in (("us", frozenset({"US"})), ("anywhere", frozenset())):
+        state.planes["a"].attempts.add(
+            Attempt("chat1", asked, started=True, cut=lambda why, n=name: cuts.append(n))
+        )
+    state.failed("b", "connection refused")  # b is out: de is the only other plane
+    clock.now += 2.0
+    assert state.probe_failed("a", "health probe: timed out", clock.now - 0.5)
+    assert cuts == ["anywhere"]  # de may take it; the US-only stream stays on a
     state.close()
