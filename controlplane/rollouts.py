@@ -18,6 +18,16 @@ Canary, step by step (default 5 % → 25 % → 50 % → 100 %):
 The shares split the deployment's replicas (``split``): the stable revision shrinks as the
 canary grows, so a canary never doubles the GPUs (blue-green does, by design, for its
 keep window). Commands — pause, resume, promote, rollback — are transitions too.
+
+Blue-green (a policy with ``keep_s``; its one step is 100 %): the new revision is brought up
+at full size beside the stable one (**scaling**, no traffic), then takes all the traffic at
+once (**keeping**) while the stable one stays at full size for ``keep_s``, so a rollback is
+instant; the gates watch the new revision against what the stable one served before the
+switch and roll back on a failure; the keep window over, it is **promoted**.
+
+A step with next to no traffic (**idle**: fewer than ``min_requests`` on both revisions
+together over the hold) passes when its hold is over: nobody can be harmed by moving on,
+and holding would keep a quiet deployment at its first step for ever.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from enum import StrEnum
 
 from controlplane.contracts import (
     LATENCY_BUCKETS_S,
+    AutoscalingPolicy,
     DeploymentDesired,
     OutcomeCounters,
     PoolQuota,
@@ -42,6 +53,7 @@ from controlplane.contracts import (
 class Phase(StrEnum):
     SCALING = "scaling"  # waiting for the new revision's ready replicas for the next share
     HOLDING = "holding"  # at a step, gathering the window the gates judge
+    KEEPING = "keeping"  # blue-green: all traffic on the new revision, the stable one kept
     PAUSED = "paused"
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
@@ -65,6 +77,18 @@ class CanaryPolicy:
     steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
     hold_s: float = 300.0
     gates: Gates = Gates()
+    keep_s: float | None = None
+    """Blue-green (``steps`` is then ``(1.0,)``): how long the stable revision stays at full
+    size after the switch. None: a canary."""
+
+    @property
+    def blue_green(self) -> bool:
+        return self.keep_s is not None
+
+
+def blue_green(keep_s: float, gates: Gates = Gates()) -> CanaryPolicy:
+    """The policy of a blue-green rollout: one step, all the traffic, kept ``keep_s``."""
+    return CanaryPolicy(steps=(1.0,), hold_s=0.0, gates=gates, keep_s=keep_s)
 
 
 @dataclass(frozen=True)
@@ -151,8 +175,12 @@ def judge(new: Window, stable: Window, gates: Gates) -> Verdict:
         return Verdict(False, f"{new.errors} errors in {new.requests} requests: over "
                        f"{allowed:.1%} whatever the rest do")  # fmt: skip
     if new.requests < gates.min_requests or stable.requests < gates.min_requests:
+        missing = max(0, gates.min_requests - new.requests) + max(
+            0, gates.min_requests - stable.requests
+        )
         return Verdict(None, f"waiting for {gates.min_requests} requests on each revision "
-                       f"({new.requests} new, {stable.requests} stable)")  # fmt: skip
+                       f"({new.requests} new, {stable.requests} stable: {missing} "
+                       f"missing)")  # fmt: skip
     for name, mine, theirs, ratio in (
         ("p99 TTFT", new.p99_ttft_s, stable.p99_ttft_s, gates.max_p99_ttft_ratio),
         ("p99 end-to-end", new.p99_e2e_s, stable.p99_e2e_s, gates.max_p99_e2e_ratio),
@@ -160,6 +188,30 @@ def judge(new: Window, stable: Window, gates: Gates) -> Verdict:
         if theirs > 0 and mine > theirs * ratio:
             return Verdict(False, f"{name} {mine:.3f}s > {ratio:g} x stable {theirs:.3f}s")
     return Verdict(True, "every gate passed")
+
+
+def idle(new: Window, stable: Window, gates: Gates) -> Verdict | None:
+    """A passed verdict when both revisions together served fewer than ``min_requests`` over
+    the window (nothing to judge, nobody to harm), else None."""
+    seen = new.requests + stable.requests
+    if seen >= gates.min_requests:
+        return None
+    return Verdict(True, f"idle: {seen} requests in the window, nothing to judge")
+
+
+def judge_kept(new: Window, before: Window, gates: Gates) -> Verdict:
+    """Blue-green after the switch: the new revision has all the traffic, so it is judged
+    against ``before``, what the stable one served from the rollout's start to the switch.
+    A ``before`` under ``min_requests`` is no baseline: the new revision's errors are then
+    held to ``max_error_rate_increase`` over none, and latency is not compared."""
+    if before.requests >= gates.min_requests:
+        return judge(new, before, gates)
+    verdict = judge(new, Window(gates.min_requests, 0, 0.0, 0.0), gates)
+    if verdict.passed is None:
+        return Verdict(None, f"waiting for {gates.min_requests} requests on the new revision "
+                       f"({new.requests} so far)")  # fmt: skip
+    note = f"; {before.requests} requests before the switch: errors only, no latency baseline"
+    return Verdict(verdict.passed, verdict.reason + note)
 
 
 @dataclass(frozen=True)
@@ -177,7 +229,10 @@ class Rollout:
         return self.phase in DONE
 
 
-def start(now: datetime) -> Rollout:
+def start(now: datetime, policy: CanaryPolicy | None = None) -> Rollout:
+    if policy is not None and policy.blue_green:
+        return Rollout(0, Phase.SCALING, now, "bringing the new revision up at full size beside "
+                       "the stable one; traffic stays on the stable revision")  # fmt: skip
     return Rollout(0, Phase.SCALING, now, "pre-scaling the new revision for the first step")
 
 
@@ -188,7 +243,8 @@ def share(r: Rollout, policy: CanaryPolicy) -> float:
     if r.phase is Phase.ROLLED_BACK:
         return 0.0
     phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
-    at = r.step if phase is Phase.HOLDING else r.step - 1  # scaling: the last step's share
+    held = phase in (Phase.HOLDING, Phase.KEEPING)
+    at = r.step if held else r.step - 1  # scaling: the last step's share
     return policy.steps[at] if at >= 0 else 0.0
 
 
@@ -217,23 +273,57 @@ def decide(
     new: Window,
     stable: Window,
 ) -> Rollout:
-    """One look at a running canary: scale, hold, advance, promote or roll back."""
+    """One look at a running rollout: scale, hold, advance, switch, promote or roll back.
+    While a blue-green keeps (``Phase.KEEPING``), ``stable`` is the stable revision's window
+    before the switch (`judge_kept`), not its traffic since: it has none."""
     if r.done or r.phase is Phase.PAUSED:
         return r
     if r.phase is Phase.SCALING:
         need = replicas_for(total, r, policy)
         if new_ready < need:
-            return replace(r, reason=f"waiting for {need} ready replicas of the new revision "
-                           f"({new_ready} now) before {policy.steps[r.step]:.0%}")  # fmt: skip
+            return replace(r, reason=_scaling_reason(need, new_ready, policy, r))
+        if policy.blue_green:
+            return Rollout(r.step, Phase.KEEPING, now, f"switched: all traffic on the new "
+                           f"revision, the stable one kept {policy.keep_s:g}s")  # fmt: skip
         return Rollout(r.step, Phase.HOLDING, now, f"at {policy.steps[r.step]:.0%}")
+    if r.phase is Phase.KEEPING:
+        return _kept(r, policy, now, new, stable)
     verdict = judge(new, stable, policy.gates)
     if verdict.passed is False:
         return Rollout(r.step, Phase.ROLLED_BACK, now, f"gate failed: {verdict.reason}")
-    if (now - r.since).total_seconds() < policy.hold_s or verdict.passed is None:
+    if (now - r.since).total_seconds() < policy.hold_s:
         return replace(r, reason=verdict.reason if verdict.passed is None else r.reason)
+    if verdict.passed is None:
+        verdict = idle(new, stable, policy.gates) or verdict
+        if verdict.passed is None:
+            return replace(r, reason=verdict.reason)
+    passed = "" if verdict.reason == "every gate passed" else f" ({verdict.reason})"
     if r.step + 1 >= len(policy.steps):
-        return Rollout(r.step, Phase.PROMOTED, now, "the last step passed its gates")
-    return Rollout(r.step + 1, Phase.SCALING, now, f"{policy.steps[r.step]:.0%} passed")
+        return Rollout(r.step, Phase.PROMOTED, now, f"the last step passed its gates{passed}")
+    return Rollout(r.step + 1, Phase.SCALING, now, f"{policy.steps[r.step]:.0%} passed{passed}")
+
+
+def _scaling_reason(need: int, ready: int, policy: CanaryPolicy, r: Rollout) -> str:
+    if policy.blue_green:
+        return (f"waiting for {need} ready replicas of the new revision ({ready} now), a full "
+                f"copy beside the stable one; traffic stays on the stable revision")  # fmt: skip
+    return (f"waiting for {need} ready replicas of the new revision ({ready} now) before "
+            f"{policy.steps[r.step]:.0%}")  # fmt: skip
+
+
+def _kept(r: Rollout, policy: CanaryPolicy, now: datetime, new: Window, before: Window) -> Rollout:
+    """Blue-green's keep window: roll back on a failed gate, promote when it is over."""
+    verdict = judge_kept(new, before, policy.gates)
+    if verdict.passed is False:
+        return Rollout(r.step, Phase.ROLLED_BACK, now, f"gate failed: {verdict.reason}")
+    keep_s = policy.keep_s or 0.0
+    if (now - r.since).total_seconds() < keep_s:
+        return replace(r, reason=f"switched; the stable revision is kept {keep_s:g}s for an "
+                       f"instant rollback: {verdict.reason}")  # fmt: skip
+    if verdict.passed is None:
+        seen = f"{new.requests} requests on the new revision, too few to judge; no gate failed"
+        return Rollout(r.step, Phase.PROMOTED, now, f"kept {keep_s:g}s: {seen}")
+    return Rollout(r.step, Phase.PROMOTED, now, f"kept {keep_s:g}s: {verdict.reason}")
 
 
 def pause(r: Rollout, now: datetime) -> Rollout:
@@ -303,23 +393,11 @@ def lane_entries(
     now_share = share(r, policy)
     phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
     lane_n = replicas_for(here, r, policy) if phase is Phase.SCALING else split(here, now_share)[0]
-
-    def stable_part(n: int) -> int:
-        return split(n, now_share)[1]
-
-    kept = entry.model_copy(
-        update={
-            "spec": stable,
-            "quota": ReplicaQuota(
-                min=stable_part(entry.quota.min), max=stable_part(entry.quota.max)
-            ),
-            "pool_quotas": [
-                PoolQuota(pool=q.pool, min=stable_part(q.min), max=stable_part(q.max))
-                for q in entry.pool_quotas
-            ],
-        }
-    )
     auto = entry.autoscaling.model_copy(update={"scale_to_zero_idle_seconds": None, "schedule": []})
+    if policy.blue_green:
+        kept = _kept_whole(entry, here, stable, auto, switched=phase is Phase.KEEPING)
+    else:
+        kept = _kept_part(entry, stable, now_share)
     added = entry.model_copy(
         update={
             "name": lane,
@@ -332,3 +410,51 @@ def lane_entries(
         }
     )
     return [kept, added]
+
+
+def _kept_whole(
+    entry: DeploymentDesired,
+    here: int,
+    stable: RevisionSpec,
+    auto: AutoscalingPolicy,
+    switched: bool,
+) -> DeploymentDesired:
+    """Blue-green's stable entry: as it was until the switch (it serves everything); after
+    it, pinned at no fewer than ``here`` replicas and never scaled to zero, although it has
+    no traffic, so that a rollback finds it whole."""
+    if not switched:
+        return entry.model_copy(update={"spec": stable})
+    floor = min(here, entry.quota.max)
+    return entry.model_copy(
+        update={
+            "spec": stable,
+            "quota": ReplicaQuota(min=max(entry.quota.min, floor), max=entry.quota.max),
+            "pool_quotas": [
+                PoolQuota(pool=q.pool, min=max(q.min, f.min), max=q.max)
+                for q, f in zip(entry.pool_quotas, _filled(entry.pool_quotas, floor), strict=True)
+            ],
+            "autoscaling": auto,
+        }
+    )
+
+
+def _kept_part(
+    entry: DeploymentDesired, stable: RevisionSpec, now_share: float
+) -> DeploymentDesired:
+    """A canary's stable entry: its quota scaled to the stable revision's share."""
+
+    def stable_part(n: int) -> int:
+        return split(n, now_share)[1]
+
+    return entry.model_copy(
+        update={
+            "spec": stable,
+            "quota": ReplicaQuota(
+                min=stable_part(entry.quota.min), max=stable_part(entry.quota.max)
+            ),
+            "pool_quotas": [
+                PoolQuota(pool=q.pool, min=stable_part(q.min), max=stable_part(q.max))
+                for q in entry.pool_quotas
+            ],
+        }
+    )

@@ -432,6 +432,7 @@ class FailoverSpec(Spec):
 
 class RolloutStrategy(StrEnum):
     canary = "canary"
+    blue_green = "blue_green"
     immediate = "immediate"
 
 
@@ -439,6 +440,7 @@ MAX_ROLLOUT_STEPS = 16
 LANE_NAME = r".+--r[0-9]+"
 """A rollout lane's entry name (`controlplane.rollouts.lane_name`): no deployment's."""
 MAX_HOLD_SECONDS = 86_400.0
+MAX_KEEP_SECONDS = 7 * 86_400.0
 
 
 class GatesSpec(Spec):
@@ -465,6 +467,9 @@ class RolloutSpec(Spec):
     ``immediate`` (the default for now): every plane replaces its replicas at once, make
     before break. ``canary``: the new revision runs beside the stable one as a rollout lane
     and takes ``steps`` of the traffic, each held ``hold_seconds`` and judged by ``gates``.
+    ``blue_green``: the new revision is brought up at full size beside the stable one, takes
+    all the traffic at once when its replicas are ready, and the stable one is kept at full
+    size ``keep_seconds`` (watched by ``gates``) for an instant rollback.
     The default stays ``immediate`` until the planes' lanes have run in production."""
 
     strategy: RolloutStrategy = RolloutStrategy.immediate
@@ -475,6 +480,13 @@ class RolloutSpec(Spec):
         description="the new revision's share of traffic at each step, rising, ending at 1.0",
     )
     hold_seconds: float = Field(default=300.0, ge=0, le=MAX_HOLD_SECONDS)
+    keep_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        le=MAX_KEEP_SECONDS,
+        description="blue_green: how long the old revision stays at full size after the "
+        "switch, for an instant rollback",
+    )
     gates: GatesSpec = Field(default_factory=GatesSpec)
 
     @field_validator("steps")

@@ -12,7 +12,13 @@ from typing import Any
 
 from controlplane import rollouts as canary
 from controlplane.db.models import Cluster, Deployment, Pool, Rollout
-from controlplane.specs import AutoscalingSpec, FailoverSpec, PlacementSpec, RolloutSpec
+from controlplane.specs import (
+    AutoscalingSpec,
+    FailoverSpec,
+    PlacementSpec,
+    RolloutSpec,
+    RolloutStrategy,
+)
 from controlplane.status import ClusterStatus, DeploymentStatus, PoolStatus, Status
 
 
@@ -39,16 +45,15 @@ def deployment_rollout(row: Deployment) -> RolloutSpec:
 
 def policy_of(spec: RolloutSpec) -> canary.CanaryPolicy:
     g = spec.gates
-    return canary.CanaryPolicy(
-        steps=tuple(spec.steps),
-        hold_s=spec.hold_seconds,
-        gates=canary.Gates(
-            min_requests=g.min_requests,
-            max_error_rate_increase=g.max_error_rate_increase,
-            max_p99_ttft_ratio=g.max_p99_ttft_ratio,
-            max_p99_e2e_ratio=g.max_p99_e2e_ratio,
-        ),
+    gates = canary.Gates(
+        min_requests=g.min_requests,
+        max_error_rate_increase=g.max_error_rate_increase,
+        max_p99_ttft_ratio=g.max_p99_ttft_ratio,
+        max_p99_e2e_ratio=g.max_p99_e2e_ratio,
     )
+    if spec.strategy is RolloutStrategy.blue_green:
+        return canary.blue_green(spec.keep_seconds, gates)
+    return canary.CanaryPolicy(steps=tuple(spec.steps), hold_s=spec.hold_seconds, gates=gates)
 
 
 def rollout_policy(row: Rollout) -> canary.CanaryPolicy:

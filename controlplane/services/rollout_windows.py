@@ -78,3 +78,14 @@ def window_json(w: canary.Window) -> dict[str, Any]:
         "p99_ttft_s": w.p99_ttft_s,
         "p99_e2e_s": w.p99_e2e_s,
     }
+
+
+def window_from_json(raw: Any) -> canary.Window:
+    """A stored `window_json` (nothing stored: an empty window)."""
+    raw = raw or {}
+    return canary.Window(
+        requests=int(raw.get("requests", 0)),
+        errors=int(raw.get("errors", 0)),
+        p99_ttft_s=float(raw.get("p99_ttft_s", 0.0)),
+        p99_e2e_s=float(raw.get("p99_e2e_s", 0.0)),
+    )

@@ -1,6 +1,6 @@
-"""Canary rollouts, carried out: the record of each rollout (`m.Rollout`), its start when a
-change gives a deployment a new revision, the operators' commands, and the tick that asks
-`controlplane.rollouts.decide` where each running canary goes next.
+"""Canary and blue-green rollouts, carried out: the record of each rollout (`m.Rollout`), its
+start when a change gives a deployment a new revision, the operators' commands, and the tick
+that asks `controlplane.rollouts.decide` where each running rollout goes next.
 
 Invariants: at most one unfinished rollout per deployment (a later revision change ends it:
 `superseded`); a rollout's steps are the deployment's `rollout` spec when it started; every
@@ -10,7 +10,7 @@ serve the deployment (their lane and stable entries change). Callers own the tra
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -18,18 +18,22 @@ from sqlalchemy.orm import Session
 
 from controlplane import rollouts as canary
 from controlplane.db import models as m
-from controlplane.db.columns import deployment_rollout, rollout_policy, rollout_state
+from controlplane.db.columns import deployment_rollout, policy_of, rollout_policy, rollout_state
 from controlplane.errors import Conflict, NotFound
 from controlplane.services import audit, rollout_windows
 from controlplane.services.desired import bump_desired, clusters_serving
 from controlplane.specs import REVISION_FIELDS, RolloutStrategy
 
+BEFORE = "before_switch"
+"""A blue-green's `last_windows` key: the stable revision's window from its start to the
+switch, the baseline its keep window is judged against."""
 SUPERSEDED = "superseded"
 """A finished rollout's phase when a later change of the revision ended it (not a phase of
 the pure decisions: it only ever names a finished row)."""
 EVENT_TYPES = {
     canary.Phase.SCALING: "RolloutScaling",
     canary.Phase.HOLDING: "RolloutHolding",
+    canary.Phase.KEEPING: "RolloutSwitched",
     canary.Phase.PAUSED: "RolloutPaused",
     canary.Phase.PROMOTED: "RolloutPromoted",
     canary.Phase.ROLLED_BACK: "RolloutRolledBack",
@@ -85,8 +89,8 @@ def on_revision_change(
 ) -> m.Rollout | None:
     """The deployment now has a new revision (`deployment.revision`); ``previous`` is the one
     it had. A running canary is ended (superseded); a canary starts from the same stable
-    revision when the strategy is canary and the deployment is placed somewhere. Returns the
-    rollout started, if any."""
+    revision when the strategy is canary or blue_green and the deployment is placed
+    somewhere. Returns the rollout started, if any."""
     stable = previous
     current = running(session, [deployment.id]).get(deployment.id)
     if current is not None:
@@ -95,23 +99,30 @@ def on_revision_change(
         current.reason = f"superseded by revision {deployment.revision}"
         _event(session, deployment, current, "RolloutSuperseded", current.reason)
     spec = deployment_rollout(deployment)
-    if spec.strategy is not RolloutStrategy.canary or not _placed(session, deployment.id):
+    if spec.strategy is RolloutStrategy.immediate or not _placed(session, deployment.id):
         return None
-    started = canary.start(now)
+    started = canary.start(now, policy_of(spec))
     row = m.Rollout(
         deployment_id=deployment.id,
         from_revision=stable,
         to_revision=deployment.revision,
         strategy=spec.strategy.value,
         policy=spec.model_dump(mode="json"),
-        window_start={},
+        # blue-green: the stable revision's traffic from here to the switch is its baseline
+        window_start=(
+            rollout_windows.outcomes_of(session, deployment.name, deployment.revision)
+            if spec.strategy is RolloutStrategy.blue_green
+            else {}
+        ),
         last_windows={},
         created_at=now,
     )
     _store(row, started)
     session.add(row)
     session.flush()
-    message = f"canary from revision {stable} to {deployment.revision}: {started.reason}"
+    message = (
+        f"{spec.strategy.value} from revision {stable} to {deployment.revision}: {started.reason}"
+    )
     _event(session, deployment, row, "RolloutStarted", message)
     return row
 
@@ -147,6 +158,7 @@ def view(row: m.Rollout, deployment: m.Deployment) -> dict[str, Any]:
         now_share = canary.share(rollout_state(row), policy)
     except ValueError:  # superseded: no pure phase; its lane is retired
         now_share = 0.0
+    keeping = row.phase == canary.Phase.KEEPING.value and policy.keep_s is not None
     return {
         "id": row.id,
         "deployment": deployment.name,
@@ -162,6 +174,12 @@ def view(row: m.Rollout, deployment: m.Deployment) -> dict[str, Any]:
         "since": row.since.isoformat(),
         "paused_from": row.paused_from,
         "windows": dict(row.last_windows or {}),
+        "keep_seconds": policy.keep_s,
+        "keep_until": (
+            (row.since + timedelta(seconds=policy.keep_s)).isoformat()
+            if keeping and policy.keep_s is not None
+            else None
+        ),
         "created_at": row.created_at.isoformat(),
         "updated_at": row.updated_at.isoformat() if row.updated_at else None,
         "finished_at": row.finished_at.isoformat() if row.finished_at else None,
@@ -175,7 +193,7 @@ def get(session: Session, ref: str) -> dict[str, Any]:
     if row is None:
         raise NotFound(
             f"deployment '{deployment.name}' has had no rollout; one starts when a change of "
-            f"its revision fields meets rollout.strategy: canary"
+            f"its revision fields meets rollout.strategy: canary or blue_green"
         )
     return view(row, deployment)
 
@@ -242,9 +260,17 @@ def apply(
     moved = (new.phase, new.step, new.since) != (old.phase, old.step, old.since)
     if not moved:
         return False  # only the reason (e.g. how many requests are missing)
-    if new.phase is canary.Phase.HOLDING:
+    if new.phase in (canary.Phase.HOLDING, canary.Phase.KEEPING):
         if latest_outcomes is None:
             latest_outcomes = rollout_windows.outcomes_of(session, deployment.name, row.to_revision)
+        if new.phase is canary.Phase.KEEPING and old.phase is canary.Phase.SCALING:
+            before, _ = rollout_windows.windows(
+                row.window_start or {}, latest_outcomes, deployment.name, row.to_revision
+            )  # the switch: what the stable revision served until now is the baseline
+            row.last_windows = {
+                **(row.last_windows or {}),
+                BEFORE: rollout_windows.window_json(before),
+            }
         row.window_start = latest_outcomes
     if new.done:
         row.finished_at = now
@@ -270,7 +296,7 @@ def _restore_stable(deployment: m.Deployment, row: m.Rollout) -> None:
 
 
 def tick(session: Session, now: datetime) -> dict[str, str]:
-    """One look at every running canary: deployment name → the phase it moved to, for the
+    """One look at every running rollout: deployment name → the phase it moved to, for the
     rollouts whose phase or step moved. Locks as a write does, the deployment then its
     rollout; one that a write or another worker holds is skipped until the next tick."""
     ids = session.scalars(
@@ -305,10 +331,14 @@ def _look(session: Session, deployment: m.Deployment, row: m.Rollout, now: datet
     stable, new = rollout_windows.windows(
         row.window_start or {}, latest_outcomes, deployment.name, row.to_revision
     )
+    before = (row.last_windows or {}).get(BEFORE)
     row.last_windows = {
         "stable": rollout_windows.window_json(stable),
         "new": rollout_windows.window_json(new),
+        **({BEFORE: before} if before else {}),
     }
+    if row.phase == canary.Phase.KEEPING.value:  # judged against the stable's baseline
+        stable = rollout_windows.window_from_json(before)
     decided = canary.decide(
         rollout_state(row),
         rollout_policy(row),
