@@ -232,6 +232,11 @@ class WindowOut(Out):
 class RolloutWindows(Out):
     stable: WindowOut | None = None
     new: WindowOut | None = None
+    before_switch: WindowOut | None = Field(
+        default=None,
+        description="blue_green: the stable revision from the start to the switch, the "
+        "baseline its keep window is judged against",
+    )
 
 
 class RolloutOut(Out):
@@ -239,11 +244,12 @@ class RolloutOut(Out):
     deployment: str
     strategy: str
     from_revision: int = Field(description="the stable revision")
-    to_revision: int = Field(description="the new revision the canary moves traffic to")
+    to_revision: int = Field(description="the new revision the rollout moves traffic to")
     lane: str = Field(description="the desired-state entry that runs the new revision")
     phase: str = Field(
-        description="scaling, holding, paused, promoted, rolled_back or superseded (a later "
-        "change of the revision ended it)"
+        description="scaling, holding (canary), keeping (blue_green: switched, the stable "
+        "revision kept for an instant rollback), paused, promoted, rolled_back or superseded "
+        "(a later change of the revision ended it)"
     )
     step: int = Field(description="index into `steps` of the share it has or scales to")
     steps: list[float]
@@ -252,6 +258,14 @@ class RolloutOut(Out):
     since: datetime = Field(description="when the current phase began")
     paused_from: str | None
     windows: RolloutWindows = Field(description="what the gates compared at the last look")
+    keep_seconds: float | None = Field(
+        default=None,
+        description="blue_green: how long the stable revision is kept after the switch",
+    )
+    keep_until: datetime | None = Field(
+        default=None,
+        description="blue_green, keeping: when the keep window ends and the rollout is promoted",
+    )
     created_at: datetime
     updated_at: datetime | None
     finished_at: datetime | None

@@ -330,13 +330,24 @@ def _indented(text: str) -> str:
 def rollout_lines(r: Mapping[str, Any]) -> str:
     """A rollout as `gpufleet rollout status` and `describe deployment` show it."""
     steps = ", ".join(f"{s:.0%}" for s in r.get("steps") or [])
+    if r.get("strategy") == "blue_green":
+        until = f", until {r['keep_until']}" if r.get("keep_until") else ""
+        progress = (
+            f"Keep:        the stable revision {float(r.get('keep_seconds') or 0):g}s at full "
+            f"size after the switch{until}"
+        )
+    else:
+        progress = (
+            f"Step:        {int(r.get('step') or 0) + 1} of {len(r.get('steps') or [])} ({steps})"
+        )
     lines = [
         f"Deployment:  {r.get('deployment')}",
+        f"Strategy:    {r.get('strategy')}",
         f"Revisions:   {r.get('from_revision')} (stable) → {r.get('to_revision')} "
         f"(lane {r.get('lane')})",
         f"Phase:       {r.get('phase')}"
         + (f" (paused while {r['paused_from']})" if r.get("paused_from") else ""),
-        f"Step:        {int(r.get('step') or 0) + 1} of {len(r.get('steps') or [])} ({steps})",
+        progress,
         f"Share:       {float(r.get('share') or 0):.0%} of the traffic on the new revision",
         f"Since:       {r.get('since')}",
         f"Reason:      {r.get('reason') or '-'}",
@@ -344,11 +355,11 @@ def rollout_lines(r: Mapping[str, Any]) -> str:
     if r.get("finished_at"):
         lines.append(f"Finished:    {r['finished_at']}")
     windows = r.get("windows") or {}
-    for side in ("stable", "new"):
+    for side, label in (("before_switch", "before:"), ("stable", "stable:"), ("new", "new:")):
         w = windows.get(side)
         if w:
             lines.append(
-                f"Window {side + ':':<7} {w['requests']} requests, {w['error_rate']:.1%} errors, "
+                f"Window {label:<7} {w['requests']} requests, {w['error_rate']:.1%} errors, "
                 f"p99 TTFT {w['p99_ttft_s']:.3f}s, p99 end-to-end {w['p99_e2e_s']:.3f}s"
             )
     return "\n".join(lines) + "\n"

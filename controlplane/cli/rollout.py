@@ -1,4 +1,4 @@
-"""`gpufleet rollout status|pause|resume|promote|rollback DEPLOYMENT`: a deployment's canary
+"""`gpufleet rollout status|pause|resume|promote|rollback DEPLOYMENT`: a deployment's rollout
 over `/api/v1/deployments/{ref}/rollout` (docs/rollouts.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from controlplane.cli.manifests import CliError
 from controlplane.cli.resources import reported
 
 rollout_app = typer.Typer(
-    help="A deployment's canary rollout: its state, and the operator's commands.",
+    help="A deployment's canary or blue-green rollout: its state, and the operator's commands.",
     no_args_is_help=True,
 )
 app.add_typer(rollout_app, name="rollout")
@@ -35,7 +35,7 @@ def status(deployment: str = DEPLOYMENT) -> None:
                 raise
             raise CliError(
                 f"deployment '{deployment}' has had no rollout (one starts when its revision "
-                "changes under rollout.strategy: canary)"
+                "changes under rollout.strategy: canary or blue_green)"
             ) from exc
     typer.echo(render.rollout_lines(rollout), nl=False)
 

@@ -91,7 +91,9 @@ ROLLOUT = Field(
     "block",
     description="How a new revision reaches the replicas (docs/rollouts.md).",
     children=(
-        Field("strategy", "string", default="immediate", description="immediate, canary."),
+        Field(
+            "strategy", "string", default="immediate", description="immediate, canary, blue_green."
+        ),
         Field(
             "steps",
             "list",
@@ -101,9 +103,15 @@ ROLLOUT = Field(
         ),
         Field("hold_seconds", "number", default=300),
         Field(
+            "keep_seconds",
+            "number",
+            default=600,
+            description="blue_green: the old revision kept at full size after the switch.",
+        ),
+        Field(
             "gates",
             "block",
-            description="canary: what each step must show against the stable revision.",
+            description="canary, blue_green: what the new revision must show against the stable.",
             children=(
                 Field("min_requests", "int", default=100),
                 Field("max_error_rate_increase", "number", default=0.01),

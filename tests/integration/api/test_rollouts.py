@@ -100,6 +100,7 @@ def test_the_rollout_spec_defaults_to_immediate_and_reads_back(admin):
         "strategy": "immediate",
         "steps": [0.05, 0.25, 0.5, 1.0],
         "hold_seconds": 300.0,
+        "keep_seconds": 600.0,
         "gates": {
             "min_requests": 100,
             "max_error_rate_increase": 0.01,
@@ -119,7 +120,7 @@ def test_the_rollout_spec_defaults_to_immediate_and_reads_back(admin):
         ({"steps": [0.1, 0.5]}, "rollout.steps", "end at 1.0"),
         ({"steps": [0, 1.0]}, "rollout.steps[0]", "greater than 0"),
         ({"steps": [0.01 * i for i in range(1, 18)] + [1.0]}, "rollout.steps", "at most"),
-        ({"strategy": "blue_green"}, "rollout.strategy", "canary"),
+        ({"strategy": "rolling"}, "rollout.strategy", "blue_green"),
         ({"hold_seconds": 90_000}, "rollout.hold_seconds", "86400"),
         ({"gates": {"max_p99_ttft_ratio": 0.5}}, "rollout.gates.max_p99_ttft_ratio", "1"),
         ({"gates": {"min_requests": True}}, "rollout.gates.min_requests", "number"),
