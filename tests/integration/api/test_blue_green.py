@@ -203,3 +203,22 @@ def test_when_the_keep_window_is_over_the_new_revision_is_promoted(world, sessio
     assert list(a) == ["chat"] and a["chat"].spec.revision == "2"  # the lane is adopted
     assert "chat--r2" in _retired(session_factory, "a")
     assert world.get("deployments/chat").json()["status"]["revision"] == 2
+
+
+def test_the_dashboard_and_the_cli_show_the_keep_window(world, session_factory, app_client, tokens):
+    from controlplane.cli.render import rollout_lines
+    from controlplane.dashboard.session import COOKIE
+
+    login = app_client.post("/login", data={"token": tokens["viewer"]}, follow_redirects=False)
+    assert login.status_code == 303 and COOKIE in login.cookies
+    assert "starts a blue-green rollout" in app_client.get("/deployments/chat").text
+    switched = _switched(world, session_factory)
+    page = app_client.get("/deployments/chat").text
+    assert "Revision 1 → 2 (blue_green)" in page and "<strong>keeping</strong>" in page
+    assert (
+        "the old revision kept 600 s after the switch, until " + switched["keep_until"][:19] in page
+    )
+    shown = rollout_lines(switched)
+    assert "Strategy:    blue_green" in shown and "Phase:       keeping" in shown
+    assert f"600s at full size after the switch, until {switched['keep_until']}" in shown
+    assert "Window before: 1200 requests" in shown
