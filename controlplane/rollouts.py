@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -272,16 +272,20 @@ def decide(
     total: int,
     new: Window,
     stable: Window,
+    waiting: Mapping[str, int] | None = None,
 ) -> Rollout:
     """One look at a running rollout: scale, hold, advance, switch, promote or roll back.
     While a blue-green keeps (``Phase.KEEPING``), ``stable`` is the stable revision's window
-    before the switch (`judge_kept`), not its traffic since: it has none."""
+    before the switch (`judge_kept`), not its traffic since: it has none. ``waiting``: where
+    the deployment's replicas wait for GPUs (``cluster/pool`` → replicas), named in the
+    reason while the new revision scales."""
     if r.done or r.phase is Phase.PAUSED:
         return r
     if r.phase is Phase.SCALING:
         need = replicas_for(total, r, policy)
         if new_ready < need:
-            return replace(r, reason=_scaling_reason(need, new_ready, policy, r))
+            reason = _scaling_reason(need, new_ready, policy, r) + _waiting_note(waiting or {})
+            return replace(r, reason=reason)
         if policy.blue_green:
             return Rollout(r.step, Phase.KEEPING, now, f"switched: all traffic on the new "
                            f"revision, the stable one kept {policy.keep_s:g}s")  # fmt: skip
@@ -309,6 +313,11 @@ def _scaling_reason(need: int, ready: int, policy: CanaryPolicy, r: Rollout) -> 
                 f"copy beside the stable one; traffic stays on the stable revision")  # fmt: skip
     return (f"waiting for {need} ready replicas of the new revision ({ready} now) before "
             f"{policy.steps[r.step]:.0%}")  # fmt: skip
+
+
+def _waiting_note(waiting: Mapping[str, int]) -> str:
+    where = ", ".join(f"{n} on {at}" for at, n in sorted(waiting.items()) if n > 0)
+    return f"; replicas waiting for GPUs: {where}" if where else ""
 
 
 def _kept(r: Rollout, policy: CanaryPolicy, now: datetime, new: Window, before: Window) -> Rollout:

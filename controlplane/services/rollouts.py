@@ -18,7 +18,13 @@ from sqlalchemy.orm import Session
 
 from controlplane import rollouts as canary
 from controlplane.db import models as m
-from controlplane.db.columns import deployment_rollout, policy_of, rollout_policy, rollout_state
+from controlplane.db.columns import (
+    cluster_status,
+    deployment_rollout,
+    policy_of,
+    rollout_policy,
+    rollout_state,
+)
 from controlplane.errors import Conflict, NotFound
 from controlplane.services import audit, rollout_windows
 from controlplane.services.desired import bump_desired, clusters_serving
@@ -347,8 +353,23 @@ def _look(session: Session, deployment: m.Deployment, row: m.Rollout, now: datet
         total=_placed(session, deployment.id),
         new=new,
         stable=stable,
+        waiting=_waiting(session, deployment) if row.phase == canary.Phase.SCALING.value else {},
     )
     return apply(session, deployment, row, decided, now, latest_outcomes)
+
+
+def _waiting(session: Session, deployment: m.Deployment) -> dict[str, int]:
+    """``cluster/pool`` → the deployment's replicas its planes last said cannot start there
+    for want of GPUs (a rollout's lane counts for its deployment)."""
+    clusters = session.scalars(
+        select(m.Cluster).where(m.Cluster.id.in_(clusters_serving(session, [deployment.id])))
+    )
+    return {
+        f"{c.name}/{pool}": n
+        for c in clusters
+        for pool, cap in cluster_status(c).capacity.items()
+        if (n := cap.waiting_replicas.get(deployment.name, 0)) > 0
+    }
 
 
 def _ready(session: Session, deployment_id: str, revision: int) -> int:

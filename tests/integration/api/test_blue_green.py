@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.contracts import DeploymentObserved, ObservedState, ReplicaStatus
+from controlplane.contracts import DeploymentObserved, FreeCapacity, ObservedState, ReplicaStatus
 from controlplane.db import models as m
 from controlplane.services import rollouts
 from controlplane.services.desired import desired_state
@@ -57,6 +57,7 @@ def _report(
     stable: int = 0,
     lane: int = 0,
     lane_errors: int = 0,
+    lane_waiting: int = 0,
 ) -> None:
     """Cluster ``cluster`` reports its stable replicas ready, ``lane_ready`` of the lane's,
     and its router's counters for both entries."""
@@ -73,6 +74,13 @@ def _report(
         cluster=cluster,
         source=f"cluster/{cluster}",
         replicas=replicas,
+        free_capacity=[
+            FreeCapacity(
+                gpu_type="H100-80G", pool="p1", gpus=0, waiting_replicas={"chat--r2": lane_waiting}
+            )
+        ]
+        if lane_waiting
+        else [],
         deployments=[
             DeploymentObserved(name="chat", demand=1, outcomes=_counters(stable)),
             DeploymentObserved(name="chat--r2", demand=1, outcomes=_counters(lane, lane_errors)),
@@ -141,11 +149,13 @@ def test_a_full_copy_comes_up_beside_the_stable_revision_before_any_traffic_move
     )
     assert _entries(session_factory, "b")["chat--r2"].quota.max == 1
 
-    _report(session_factory, "a", lane_ready=3)  # cluster b's copy is not ready yet
+    _report(session_factory, "a", lane_ready=3)
+    _report(session_factory, "b", lane_ready=0, lane_waiting=1)  # no GPUs for the second copy
     assert _tick(session_factory) == []
     waiting = _rollout(world)
     assert waiting["phase"] == "scaling" and waiting["share"] == 0.0
     assert "waiting for 4 ready replicas of the new revision (3 now)" in waiting["reason"]
+    assert waiting["reason"].endswith("replicas waiting for GPUs: 1 on b/p1")
     assert _entries(session_factory, "a")["chat--r2"].traffic_share == 0.0
 
 

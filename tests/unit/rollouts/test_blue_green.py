@@ -39,6 +39,8 @@ def test_blue_green_takes_no_traffic_until_every_replica_of_the_full_copy_is_rea
     assert waiting.phase is ro.Phase.SCALING and ro.share(waiting, BG) == 0.0
     assert "waiting for 20 ready replicas of the new revision (19 now)" in waiting.reason
     assert "traffic stays on the stable revision" in waiting.reason
+    short = ro.decide(r, BG, at(10), 19, 20, QUIET, BEFORE, waiting={"b/p1": 1, "a/p1": 0})
+    assert short.reason.endswith("; replicas waiting for GPUs: 1 on b/p1")
 
 
 def test_blue_green_switches_all_traffic_at_once_when_ready_and_promotes_after_the_keep():
