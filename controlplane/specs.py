@@ -464,15 +464,16 @@ class GatesSpec(Spec):
 class RolloutSpec(Spec):
     """How a change of the revision fields (`REVISION_FIELDS`) reaches the replicas.
 
-    ``immediate`` (the default for now): every plane replaces its replicas at once, make
-    before break. ``canary``: the new revision runs beside the stable one as a rollout lane
-    and takes ``steps`` of the traffic, each held ``hold_seconds`` and judged by ``gates``.
-    ``blue_green``: the new revision is brought up at full size beside the stable one, takes
-    all the traffic at once when its replicas are ready, and the stable one is kept at full
-    size ``keep_seconds`` (watched by ``gates``) for an instant rollback.
-    The default stays ``immediate`` until the planes' lanes have run in production."""
+    ``canary`` (the default): the new revision runs beside the stable one as a rollout lane
+    and takes ``steps`` of the traffic, each held ``hold_seconds`` and judged by ``gates``; a
+    step with next to no traffic (under ``gates.min_requests`` on both revisions together)
+    passes when its hold is over. ``blue_green``: the new revision is brought up at full size
+    beside the stable one, takes all the traffic at once when its replicas are ready, and the
+    stable one is kept at full size ``keep_seconds`` (watched by ``gates``) for an instant
+    rollback. ``immediate``: every plane replaces its replicas at once, make before break
+    (a deployment placed nowhere, or a new one, always starts this way)."""
 
-    strategy: RolloutStrategy = RolloutStrategy.immediate
+    strategy: RolloutStrategy = RolloutStrategy.canary
     steps: list[Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=lambda: [0.05, 0.25, 0.5, 1.0],
         min_length=1,

@@ -91,9 +91,7 @@ ROLLOUT = Field(
     "block",
     description="How a new revision reaches the replicas (docs/rollouts.md).",
     children=(
-        Field(
-            "strategy", "string", default="immediate", description="immediate, canary, blue_green."
-        ),
+        Field("strategy", "string", default="canary", description="canary, blue_green, immediate."),
         Field(
             "steps",
             "list",

@@ -135,12 +135,14 @@ def test_deleting_a_pool_bumps_the_clusters_still_placed_on_it(world, session_fa
 
 
 def test_changing_a_deployment_bumps_the_clusters_it_runs_on(world, session_factory):
-    """Its snapshot entry (engine args, autoscaling) changed there, and nowhere else."""
+    """Its snapshot entry (engine args, autoscaling) changed there, and nowhere else: under
+    the default rollout, a canary's lane beside the stable entry."""
     assert (
         world.patch("deployments/d3", {"engine_args": ["--max-model-len", "8192"]}).status_code
         == 200
     )
     assert _bumped(session_factory) == {"b"}
+    assert _runs(session_factory, "b") == {"d1", "d3", "d3--r2"}
     assert (
         world.patch("deployments/d3", {"engine_args": ["--max-model-len", "8192"]}).status_code
         == 200

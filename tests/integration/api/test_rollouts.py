@@ -93,11 +93,11 @@ def _entries(factory: sessionmaker[Session], cluster: str) -> dict[str, Any]:
 # the spec ----------------------------------------------------------------------------------
 
 
-def test_the_rollout_spec_defaults_to_immediate_and_reads_back(admin):
+def test_the_rollout_spec_defaults_to_canary_and_reads_back(admin):
     b.seed(admin)
     created = admin.post("deployments", b.deployment("plain")).json()
     assert created["rollout"] == {
-        "strategy": "immediate",
+        "strategy": "canary",
         "steps": [0.05, 0.25, 0.5, 1.0],
         "hold_seconds": 300.0,
         "keep_seconds": 600.0,
@@ -108,8 +108,8 @@ def test_the_rollout_spec_defaults_to_immediate_and_reads_back(admin):
             "max_p99_e2e_ratio": 1.5,
         },
     }
-    changed = admin.patch("deployments/plain", {"rollout": {"strategy": "canary"}})
-    assert changed.status_code == 200 and changed.json()["rollout"]["strategy"] == "canary"
+    changed = admin.patch("deployments/plain", {"rollout": {"strategy": "immediate"}})
+    assert changed.status_code == 200 and changed.json()["rollout"]["strategy"] == "immediate"
     assert changed.json()["status"]["revision"] == 1  # not a revision field
 
 

@@ -18,6 +18,7 @@ from tests.integration.faults.test_canary_fleet import (
     DEPLOYMENT,
     SERVER_FIELDS,
     Traffic,
+    _restore,
     _revise,
     _wait_phase,
 )
@@ -124,6 +125,5 @@ def test_blue_green_switches_at_once_and_rolls_back_at_once_with_no_error(fleet:
                   f"{time.monotonic() - promoted_began:.1f}s after the next change; "
                   f"{len(traffic.answers)} requests, {traffic.errors()} errors")  # fmt: skip
     finally:
-        restored = fleet.api.put(f"/api/v1/deployments/{DEPLOYMENT}", json=original)
-        assert restored.status_code in (200, 201), restored.text
+        _restore(fleet, original)
     fleet.serving(DEPLOYMENT)

@@ -84,6 +84,15 @@ def _revise(fleet: Fleet, engine_args: list[str]) -> int:
     return int(answer.json()["status"]["revision"])
 
 
+def _restore(fleet: Fleet, original: dict) -> None:
+    """Put the deployment back as it was, its revision fields at once (`immediate`, or the
+    default canary would start one more rollout), then its own rollout spec."""
+    path = f"/api/v1/deployments/{DEPLOYMENT}"
+    for body in ({**original, "rollout": {"strategy": "immediate"}}, original):
+        restored = fleet.api.put(path, json=body)
+        assert restored.status_code in (200, 201), restored.text
+
+
 def _replicas_text(fleet: Fleet, cluster: str) -> str:
     return (fleet.up.data_dir / "agents" / cluster / "runtime" / "replicas.json").read_text()
 
@@ -119,6 +128,5 @@ def test_a_bad_canary_rolls_back_at_its_first_gate_and_a_good_one_is_promoted(fl
                   f"{traffic.errors(since=began, until=drained)} user-visible errors; good one "
                   f"promoted after {time.monotonic() - good_began:.1f}s, 0 errors")  # fmt: skip
     finally:
-        restored = fleet.api.put(f"/api/v1/deployments/{DEPLOYMENT}", json=original)
-        assert restored.status_code in (200, 201), restored.text
+        _restore(fleet, original)
     fleet.serving(DEPLOYMENT)
