@@ -41,10 +41,17 @@ def _served(fleet: Fleet, cluster: str) -> dict[str, int]:
     return out
 
 
-def _pids(fleet: Fleet, cluster: str, entry: str) -> set[int]:
+def _pids(fleet: Fleet, cluster: str, entry: str, revision: int | None = None) -> set[int]:
+    """The processes of ``entry``'s replicas (of ``revision`` only, when given: a replica of
+    an older one may still be draining from an earlier test)."""
     record = fleet.up.data_dir / "agents" / cluster / "runtime" / "replicas.json"
-    rows = json.loads(record.read_text())
-    return {int(r["pid"]) for r in rows if r["deployment"] == entry and r.get("pid")}
+    return {
+        int(r["pid"])
+        for r in json.loads(record.read_text())
+        if r["deployment"] == entry
+        and r.get("pid")
+        and (revision is None or r["spec"]["revision"] == str(revision))
+    }
 
 
 def _replicas(fleet: Fleet, cluster: str) -> list[tuple[str, str, str]]:
@@ -76,7 +83,10 @@ def test_blue_green_switches_at_once_and_rolls_back_at_once_with_no_error(fleet:
     try:
         with Traffic(fleet.router(cluster)).running() as traffic:
             _wait_until(lambda: traffic.answered_since(0) >= 20, 30, "traffic to flow")
-            stable_pids = _pids(fleet, cluster, DEPLOYMENT)
+            stable = int(spec["status"]["revision"])
+            _wait_until(lambda: _pids(fleet, cluster, DEPLOYMENT) == _pids(fleet, cluster,
+                        DEPLOYMENT, stable) != set(), 60, "the deployment to settle")  # fmt: skip
+            stable_pids = _pids(fleet, cluster, DEPLOYMENT, stable)
             began = time.monotonic()
             new = _revise(fleet, [*args, "--tokens-per-s", "300"])
             lane = f"{DEPLOYMENT}--r{new}"
@@ -89,7 +99,7 @@ def test_blue_green_switches_at_once_and_rolls_back_at_once_with_no_error(fleet:
             idle_from = _served(fleet, cluster).get(DEPLOYMENT, 0)
             _grows(fleet, cluster, lane, 40, 30)
             assert _served(fleet, cluster).get(DEPLOYMENT, 0) == idle_from
-            assert _pids(fleet, cluster, DEPLOYMENT) == stable_pids
+            assert _pids(fleet, cluster, DEPLOYMENT, stable) == stable_pids
 
             clicked = time.monotonic()
             rolled = fleet.api.post(f"/api/v1/deployments/{DEPLOYMENT}/rollout/rollback")
@@ -97,7 +107,7 @@ def test_blue_green_switches_at_once_and_rolls_back_at_once_with_no_error(fleet:
             _grows(fleet, cluster, DEPLOYMENT, 5, 10)
             back_s = time.monotonic() - clicked
             assert back_s < 5, f"traffic back on the old revision after {back_s:.1f}s"
-            assert _pids(fleet, cluster, DEPLOYMENT) == stable_pids  # nothing restarted
+            assert _pids(fleet, cluster, DEPLOYMENT, stable) == stable_pids  # nothing restarted
             after_back = time.monotonic()
             _wait_until(lambda: traffic.answered_since(after_back) >= 40, 30, "more traffic")
             assert traffic.errors(since=began) == 0
