@@ -403,3 +403,16 @@ def test_the_dashboards_deployment_page_shows_the_rollout(world, app_client, tok
     assert page.status_code == 200
     assert "Revision 1 → 2 (canary)" in page.text and "<strong>scaling</strong>" in page.text
     assert "25 % → 100 %" in page.text
+
+
+def test_an_idle_step_passes_when_its_hold_is_over_and_the_event_says_so(world, session_factory):
+    _new_revision(world)
+    _heartbeat(session_factory, "a", stable=0, lane=0)  # the step's replica is ready
+    assert _tick(session_factory) == ["chat"]  # holding at 25 %
+    _heartbeat(session_factory, "a", stable=30, lane=10)  # 40 requests: under the 100
+    assert _tick(session_factory) == ["chat"]
+    rollout = world.get("deployments/chat/rollout").json()
+    assert (rollout["phase"], rollout["step"]) == ("scaling", 1)
+    assert rollout["reason"] == "25% passed (idle: 40 requests in the window, nothing to judge)"
+    events = world.get("events", type="RolloutScaling").json()["items"]
+    assert "idle: 40 requests" in events[0]["message"]
