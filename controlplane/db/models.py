@@ -132,6 +132,7 @@ class Deployment(ManagedMixin, Base):
     traffic: Mapped[dict[str, Any]] = mapped_column(default=dict)
     failover: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     rollout: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    shadow: Mapped[dict[str, Any] | None] = mapped_column()  # 0010; None: no shadow
     revision: Mapped[int] = mapped_column(Integer, default=1)
     demand_replicas: Mapped[int] = mapped_column(Integer, default=0)
 
