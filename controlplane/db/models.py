@@ -133,6 +133,9 @@ class Deployment(ManagedMixin, Base):
     failover: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     rollout: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     shadow: Mapped[dict[str, Any] | None] = mapped_column()  # 0010; None: no shadow
+    shadow_window: Mapped[dict[str, Any] | None] = mapped_column()
+    """The routers' counters (cluster → entry → `OutcomeCounters`) of the deployment and its
+    shadow lane when the shadow was last set or changed: the shadow report's window start."""
     revision: Mapped[int] = mapped_column(Integer, default=1)
     demand_replicas: Mapped[int] = mapped_column(Integer, default=0)
 

@@ -1,7 +1,9 @@
 """shadow traffic: a deployment's shadow revision (issue 18, docs/rollouts.md#shadow-traffic)
 
 `deployments.shadow`: the `shadow` spec (share, replicas, the revision fields it changes);
-NULL: no shadow.
+NULL: no shadow. `deployments.shadow_window`: the routers' outcome counters of the deployment
+and its shadow lane when the shadow was last set or changed (cluster → entry → counters):
+where the shadow report's window starts.
 
 Revision ID: 0010
 Revises: 0009
@@ -23,7 +25,9 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.add_column("deployments", sa.Column("shadow", postgresql.JSONB(), nullable=True))
+    op.add_column("deployments", sa.Column("shadow_window", postgresql.JSONB(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("deployments", "shadow_window")
     op.drop_column("deployments", "shadow")
