@@ -327,6 +327,12 @@ class OutcomeCounters(Model):
         max_length=len(LATENCY_BUCKETS_S) + 1,
         description="requests by end-to-end time, per LATENCY_BUCKETS_S (+ the rest)",
     )
+    dropped: int = Field(
+        default=0,
+        ge=0,
+        description="a shadow lane's copies the router dropped (too many in flight, or its "
+        "queue full): never sent, not in ``requests`` (added within v1)",
+    )
 
 
 class DeploymentObserved(Model):

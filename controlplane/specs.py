@@ -500,6 +500,48 @@ class RolloutSpec(Spec):
         return v
 
 
+SHADOW_SUFFIX = "--shadow"
+"""A shadow lane's entry is `NAME--shadow` (`controlplane.shadows.shadow_name`): no
+deployment's name ends so."""
+MAX_SHADOW_REPLICAS = 64
+
+
+class ShadowSpec(Spec):
+    """A shadow revision beside the deployment (docs/rollouts.md#shadow-traffic): on every
+    cluster the deployment is placed on, ``replicas`` replicas of the deployment's revision
+    with the fields set here changed, given a copy of ``share`` of its requests, fire and
+    forget (answers discarded). Not a revision of the deployment: changing it is not one."""
+
+    share: float = Field(
+        gt=0, le=1, description="the share of the deployment's requests copied to the shadow"
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_SHADOW_REPLICAS,
+        description="the shadow's replicas on each cluster the deployment is placed on",
+    )
+    model_id: Annotated[str | None, StringConstraints(min_length=1, max_length=MAX_TEXT)] = None
+    model_revision: Annotated[str | None, _text(128)] = None
+    engine_image: Annotated[str | None, _text()] = None
+    engine_args: list[EngineArg] | None = Field(
+        default=None,
+        max_length=MAX_ENGINE_ARGS,
+        description="unset: the deployment's; set: these instead (not appended)",
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _fits_a_snapshot(cls, v: list[str] | None) -> list[str] | None:
+        size = sum(len(arg.encode()) for arg in v or [])
+        if size > MAX_ENGINE_ARGS_BYTES:
+            raise ValueError(
+                f"{size} bytes in all, above the limit of {MAX_ENGINE_ARGS_BYTES} bytes; pass "
+                "long values in a file the engine reads (e.g. --chat-template /path/to/file)"
+            )
+        return v
+
+
 class DeploymentSpec(Spec):
     name: Name
     model_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
@@ -525,6 +567,9 @@ class DeploymentSpec(Spec):
     )
     failover: FailoverSpec = Field(default_factory=FailoverSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    shadow: ShadowSpec | None = Field(
+        default=None, description="a shadow revision mirrored a share of the requests"
+    )
 
     @field_validator("name")
     @classmethod
@@ -532,6 +577,10 @@ class DeploymentSpec(Spec):
         if re.fullmatch(LANE_NAME, v):
             raise ValueError(
                 f"'{v}' ends like a rollout lane's name (NAME--rREVISION); pick another name"
+            )
+        if v.endswith(SHADOW_SUFFIX):
+            raise ValueError(
+                f"'{v}' ends like a shadow lane's name (NAME{SHADOW_SUFFIX}); pick another name"
             )
         return v
 

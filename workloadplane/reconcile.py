@@ -306,12 +306,14 @@ def keep_dropped(
     returned last time; ``last_traffic``: when each deployment last had a request in flight
     or queued here. A dropped deployment is kept until ``now + grace`` if it had traffic
     within its autoscaling window; one already kept stays until its ``until`` (the grace
-    does not restart). Listed again, or in ``desired.retired``, it is not kept."""
+    does not restart). Listed again, or in ``desired.retired`` — itself, or for a rollout
+    lane the deployment it serves (a deleted deployment's lanes go with it) — it is not
+    kept."""
     listed = {d.name for d in desired.deployments}
     retired = set(desired.retired)
     out: dict[str, Kept] = {}
     for d in served:
-        if d.name in listed or d.name in retired:
+        if d.name in listed or d.name in retired or (d.serves and d.serves in retired):
             continue
         before = kept.get(d.name)
         if before is not None:

@@ -28,6 +28,7 @@ from controlplane.api.parameters import reject_control_characters
 from controlplane.api.placement import placement_router
 from controlplane.api.rollouts import rollouts_router
 from controlplane.api.schemas import HealthOut
+from controlplane.api.shadows import shadows_router
 from controlplane.api.webhookmetrics import WebhookCollector
 from controlplane.dashboard.app import install as install_dashboard
 from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
@@ -285,6 +286,7 @@ def create_app(
         *observed_routers(),
         placement_router(),
         rollouts_router(),
+        shadows_router(),
         costs_router(),
         *(extra_routers or []),
     ]:

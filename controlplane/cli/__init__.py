@@ -17,4 +17,4 @@ app = typer.Typer(
 )
 
 
-from controlplane.cli import cost, processes, resources, rollout  # noqa: E402,F401  (register commands)
+from controlplane.cli import cost, processes, resources, rollout, shadow  # noqa: E402,F401  (register commands)

@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db.base import Base, ManagedMixin, new_id, utcnow
@@ -132,6 +133,11 @@ class Deployment(ManagedMixin, Base):
     traffic: Mapped[dict[str, Any]] = mapped_column(default=dict)
     failover: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     rollout: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    # 0010; None (SQL NULL, not JSON null): no shadow
+    shadow: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    shadow_window: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    """The routers' counters (cluster → entry → `OutcomeCounters`) of the deployment and its
+    shadow lane when the shadow was last set or changed: the shadow report's window start."""
     revision: Mapped[int] = mapped_column(Integer, default=1)
     demand_replicas: Mapped[int] = mapped_column(Integer, default=0)
 

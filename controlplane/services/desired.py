@@ -41,6 +41,7 @@ from controlplane.db.models import (
 )
 from controlplane.procurement.core import ACTIVE
 from controlplane.services import lanes
+from controlplane.services import shadows as shadow_lanes
 from controlplane.specs import AutoscalingSpec
 
 PURCHASE_PREFERENCE = {"reserved": 0, "spot": 1, "on_demand": 2}
@@ -170,11 +171,15 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
         if name in by_deployment or holds.get(name, 0) > 0
     ]
     here = {name: sum(p.replicas for p, _ in placed) for name, placed in by_deployment.items()}
+    entries = shadow_lanes.with_shadows(entries, here, deployments)  # after each, its shadow
+    gone = shadow_lanes.retired_shadows(session, RETIRED_WITHIN)
     return DesiredState(
         cluster=cluster.name,
         generation=cluster.desired_generation,
         epoch=cluster.desired_epoch,
-        retired=sorted(retired_deployments(session) + lanes.retired_lanes(session, RETIRED_WITHIN)),
+        retired=sorted(
+            retired_deployments(session) + lanes.retired_lanes(session, RETIRED_WITHIN) + gone
+        ),
         deployments=lanes.with_lanes(
             entries, here, lanes.running_canaries(session, deployments.values())
         ),

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
-from controlplane.services import audit, rollouts
+from controlplane.services import audit, rollouts, shadows
 from controlplane.services.desired import (
     bump_desired,
     clusters_serving,
@@ -350,6 +350,7 @@ def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[s
         row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
         rollouts.on_revision_change(session, row, previous, datetime.now(UTC))
     if isinstance(row, m.Deployment):  # its snapshot entry changed where it is served
+        shadows.note_change(session, row, before, after)
         bump_desired(session, clusters_serving(session, [row.id]))
     # a removal inside an update reaches the planes now, not at the next re-plan
     if isinstance(row, m.Cluster):

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane import rollouts as canary
+from controlplane import shadows
 from controlplane.contracts import (
     DesiredStateApplied,
     Fact,
@@ -283,8 +284,9 @@ def _deployment_id(session: Session, entry: str) -> str | None:
 
 def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> bool:
     """Keep each cluster's demand and each deployment's sum; True when a sum changed."""
-    # a rollout lane is sized by its rollout, not by its load: its demand adds nothing
-    demand = {d.name: d.demand for d in state.deployments if canary.lane_of(d.name) is None}
+    # a rollout lane is sized by its rollout, a shadow by its spec, not by their load: their
+    # demand adds nothing
+    demand = {d.name: d.demand for d in state.deployments if not _is_lane(d.name)}
     if not set_status(cluster, demand=demand):
         return False
     session.flush()
@@ -298,6 +300,10 @@ def _record_demand(session: Session, cluster: Cluster, state: ObservedState) -> 
             deployment.demand_replicas = totals[deployment.name]
             changed = True
     return changed
+
+
+def _is_lane(entry: str) -> bool:
+    return canary.lane_of(entry) is not None or shadows.shadow_of(entry) is not None
 
 
 def occurred_at(fact: Fact, received_at: datetime) -> datetime:

@@ -335,6 +335,7 @@ def _load_deployment(row: m.Deployment) -> dict[str, Any]:
         "traffic": row.traffic,
         "failover": deployment_failover(row).model_dump(mode="json"),
         "rollout": row.rollout or {},
+        "shadow": row.shadow,
     }
 
 

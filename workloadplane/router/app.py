@@ -218,6 +218,7 @@ class RouterApp:
             return
         if len(self._shadows) >= self.config.shadow_max_in_flight:
             self.metrics.shadow.labels(shadow.name, "dropped").inc()
+            self.router.count_dropped(shadow.name)
             return
         task = asyncio.create_task(self._shadow(shadow, forward), name=f"shadow-{shadow.name}")
         self._shadows.add(task)
@@ -239,6 +240,7 @@ class RouterApp:
                 exchange.close()
         except (QueueFullError, QueueTimeoutError, NoCapacityError):
             self.metrics.shadow.labels(shadow.name, "dropped").inc()
+            self.router.count_dropped(shadow.name)
             return
         except UpstreamError:
             pass

@@ -201,6 +201,7 @@ class _Outcomes:
     e2e: list[int]
     requests: int = 0
     errors: int = 0
+    dropped: int = 0
 
 
 def _unit(key: str) -> float:
@@ -395,21 +396,29 @@ class Router:
         if cross_region:
             counts[3] += max(0, response_bytes)
 
+    def _counts_of(self, deployment: str) -> _Outcomes:
+        counts = self._outcomes.get(deployment)
+        if counts is None:
+            width = len(LATENCY_BUCKETS_S) + 1
+            counts = self._outcomes[deployment] = _Outcomes([0] * width, [0] * width)
+        return counts
+
     def count_outcome(
         self, deployment: str, error: bool, ttft_s: float | None, e2e_s: float
     ) -> None:
         """One answer of ``deployment`` (or a lane): an error (5xx, or an engine error in
         its stream), its time to first byte and end to end — what a rollout's gates
         compare. Counts only."""
-        counts = self._outcomes.get(deployment)
-        if counts is None:
-            width = len(LATENCY_BUCKETS_S) + 1
-            counts = self._outcomes[deployment] = _Outcomes([0] * width, [0] * width)
+        counts = self._counts_of(deployment)
         counts.requests += 1
         counts.errors += int(error)
         if ttft_s is not None:
             counts.ttft[bisect.bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
         counts.e2e[bisect.bisect_left(LATENCY_BUCKETS_S, e2e_s)] += 1
+
+    def count_dropped(self, shadow: str) -> None:
+        """One copy for the shadow lane ``shadow`` dropped under pressure (never sent)."""
+        self._counts_of(shadow).dropped += 1
 
     def outcomes(self, deployment: str) -> OutcomeCounters | None:
         """The deployment's outcome counters since this router started (None: no request)."""
@@ -422,6 +431,7 @@ class Router:
             errors=c.errors,
             ttft_buckets=list(c.ttft),
             e2e_buckets=list(c.e2e),
+            dropped=c.dropped,
         )
 
     def usage(self, deployment: str) -> TokenCounters | None:

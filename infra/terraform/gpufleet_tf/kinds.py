@@ -120,6 +120,21 @@ ROLLOUT = Field(
     ),
 )
 
+SHADOW = Field(
+    "shadow",
+    "block",
+    description="A shadow revision mirrored a share of the requests, its answers discarded "
+    "(docs/rollouts.md#shadow-traffic); no block: no shadow.",
+    children=(
+        Field("share", "number", required=True, description="The share of requests copied."),
+        Field("replicas", "int", default=1, description="Per cluster the deployment is on."),
+        Field("model_id", "string", description="Unset: the deployment's."),
+        Field("model_revision", "string", description="Unset: the deployment's."),
+        Field("engine_image", "string", description="Unset: the deployment's."),
+        Field("engine_args", "list", description="Unset: the deployment's; set: these instead."),
+    ),
+)
+
 KINDS: tuple[Kind, ...] = (
     Kind(
         "provider",
@@ -217,6 +232,7 @@ KINDS: tuple[Kind, ...] = (
             PLACEMENT,
             FAILOVER,
             ROLLOUT,
+            SHADOW,
         ),
         "A model served by vLLM.",
         force_delete=True,

@@ -17,7 +17,14 @@ import openai
 import pytest
 import pytest_asyncio
 
-from controlplane.contracts import AutoscalingPolicy, DeploymentDesired, ReplicaQuota, RevisionSpec
+from controlplane.contracts import (
+    AutoscalingPolicy,
+    DeploymentDesired,
+    DesiredState,
+    ReplicaQuota,
+    RevisionSpec,
+)
+from controlplane.rollouts import Gates, judge, outcomes_delta, window_of
 from tests.integration.dataplane.conftest import Plane, running_plane
 from workloadplane.runtime.process import ProcessConfig
 from workloadplane.runtime.templates import default_vllm_home, vllm_template
@@ -105,6 +112,98 @@ async def test_metrics_pass_real_vllm_families_through(vllm_plane: Plane):
     assert running and all('replica="tiny-r1-' in ln for ln in running)
     assert "vllm:time_to_first_token_seconds_bucket{replica=" in text
     assert 'gpufleet_router_requests_total{code="200",deployment="tiny"}' in text
+
+
+async def test_a_canary_of_real_vllm_with_other_engine_args_is_judged_and_promoted(
+    vllm_plane: Plane,
+):
+    """Issue 18 with real engines: revision r2 of ``tiny`` differs in its engine args
+    (``--max-model-len`` 1024, not 512) and runs as the lane ``tiny--r2`` beside r1, taking
+    half the sessions. Both vLLM servers answer as ``tiny``; the router counts each side's
+    outcomes and the canary's gates (``rollouts.judge``, as the control plane's tick runs
+    them) pass on them. Promotion, under traffic, adopts the lane's replica as it is — the
+    same vLLM process, no restart — drains r1's, and no request fails on the way. (The
+    latency gates are loosened: two CPU engines share 2 cores with the test, and the
+    quantiles are bucket bounds; the engine-sim fleet test gates latency.)"""
+    stable = DeploymentDesired(
+        name="tiny",
+        spec=RevisionSpec(model_id=str(HOME / "models" / "tiny-llama"), revision="r1",
+                          engine_args=["--enforce-eager", "--max-model-len", "512"],
+                          gpus_per_replica=0),
+        quota=ReplicaQuota(min=1, max=1),
+        autoscaling=AutoscalingPolicy(target_concurrency=32),
+    )  # fmt: skip
+    r2 = stable.spec.model_copy(
+        update={"revision": "r2", "engine_args": ["--enforce-eager", "--max-model-len", "1024"]}
+    )
+    lane = stable.model_copy(
+        update={"name": "tiny--r2", "spec": r2, "serves": "tiny", "traffic_share": 0.5}
+    )
+    router = vllm_plane.router
+    await vllm_plane.apply(stable, lane)
+    (lane_id,) = await vllm_plane.wait_ready("tiny--r2", 1, timeout=240)
+    (stable_id,) = await vllm_plane.wait_ready("tiny", 1)
+    async with httpx.AsyncClient(timeout=60) as c:
+        lens = {}
+        for rid in (stable_id, lane_id):
+            card = (await c.get(f"{router.backends[rid].endpoint}/v1/models")).json()["data"][0]
+            lens[rid] = card["max_model_len"]
+    assert lens == {stable_id: 512, lane_id: 1024}  # two revisions, really different
+
+    before = {d: router.outcomes(d) for d in ("tiny", "tiny--r2")}
+    failed: list[str] = []
+
+    async def ask(c: httpx.AsyncClient, user: str) -> None:
+        body = {"model": "tiny", "prompt": f"{user} says", "max_tokens": 4,
+                "ignore_eos": True, "user": user}  # fmt: skip
+        answer = await c.post(f"{vllm_plane.url}/v1/completions", json=body)
+        if answer.status_code != 200 or answer.json()["model"] != "tiny":
+            failed.append(f"{user}: {answer.status_code} {answer.text[:200]}")
+
+    async with httpx.AsyncClient(timeout=120) as c:
+        for i in range(0, 40, 4):
+            await asyncio.gather(*(ask(c, f"u{j}") for j in range(i, i + 4)))
+    assert failed == []
+    windows = {}
+    for d in ("tiny", "tiny--r2"):
+        now = router.outcomes(d)
+        assert now is not None
+        windows[d] = window_of([outcomes_delta(before[d], now)])
+    assert windows["tiny"].requests + windows["tiny--r2"].requests == 40
+    assert windows["tiny--r2"].requests >= 8 and windows["tiny"].requests >= 8, windows
+    gates = Gates(min_requests=8, max_p99_ttft_ratio=4.0, max_p99_e2e_ratio=4.0)
+    verdict = judge(windows["tiny--r2"], windows["tiny"], gates)
+    assert verdict.passed is True, verdict
+
+    # promoted, under traffic: the lane's replica joins `tiny` as it is, r1's drains
+    lane_pid = vllm_plane.pid(lane_id)
+    stop = asyncio.Event()
+
+    async def traffic() -> int:
+        n = 0
+        async with httpx.AsyncClient(timeout=120) as c:
+            while not stop.is_set():
+                await ask(c, f"p{n}")
+                n += 1
+        return n
+
+    load = asyncio.create_task(traffic())
+    try:
+        vllm_plane.generation += 1
+        await vllm_plane.agent.on_desired(DesiredState(
+            cluster="test", generation=vllm_plane.generation,
+            deployments=[stable.model_copy(update={"spec": r2})], retired=["tiny--r2"],
+        ))  # fmt: skip
+        async with asyncio.timeout(60):
+            while {
+                (r.replica_id, r.deployment) for r in await vllm_plane.runtime.list_replicas()
+            } != {(lane_id, "tiny")}:
+                await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        sent = await load
+    assert vllm_plane.pid(lane_id) == lane_pid  # adopted, not restarted
+    assert sent > 0 and failed == []
 
 
 async def test_graceful_drain_finishes_the_request_in_flight(vllm_plane: Plane):

@@ -31,6 +31,7 @@ NESTED = {
     "failover": specs.FailoverSpec,
     "rollout": specs.RolloutSpec,
     "gates": specs.GatesSpec,
+    "shadow": specs.ShadowSpec,
 }
 
 
@@ -147,3 +148,16 @@ def test_terraform_values_become_the_api_body() -> None:
         DEPLOYMENT, {"autoscaling": [_autoscaling(max_replicas=4)], "placement": []}
     )
     assert body == {"autoscaling": {"max_replicas": 4}}
+
+
+def test_a_shadow_block_is_the_deployments_shadow_and_none_is_no_shadow() -> None:
+    base = {"name": "d", "model_id": "m", "gpus_per_replica": 1, "gpu_types": ["L4"]}
+    shadow = [{"share": 0.1, "replicas": 2.0, "engine_image": "vllm:next", "model_id": None}]
+    body = fields.to_spec(DEPLOYMENT, {**base, "shadow": shadow})
+    assert body["shadow"] == {"share": 0.1, "replicas": 2, "engine_image": "vllm:next"}
+    assert specs.DeploymentSpec.model_validate(body).shadow is not None
+    assert "shadow" not in fields.to_spec(DEPLOYMENT, {**base, "shadow": []})  # PUT: removed
+    (field,) = [f for f in DEPLOYMENT if f.name == "shadow"]
+    assert fields.read_value(field, None, None) == []  # the API shows none: no block
+    read = fields.read_value(field, body["shadow"], None)
+    assert read[0]["share"] == 0.1 and read[0]["engine_args"] is None

@@ -92,6 +92,7 @@ resource "gpufleet_deployment" "chat" {{
   placement {{
     allowed_jurisdictions = ["US"]
   }}
+  {v.get("shadow", "")}
   force_destroy = true
   {lifecycle}
 }}
@@ -119,6 +120,7 @@ UPDATED: dict[str, Any] = {
     "cordoned": "true",
     "max_replicas": 6,
     "description": "CI and CD",
+    "shadow": 'shadow {\n    share        = 0.2\n    engine_image = "vllm/vllm-openai:v0.33.0"\n  }',
 }
 
 
@@ -154,6 +156,8 @@ def test_every_resource_created_updated_drifted_conflicting(terraform: Terraform
     assert api.get("/providers/aws-main")["labels"] == {"team": "ml"}
     assert api.get("/pools/aws-use1-h100-od")["gpus"] == 24
     assert api.get("/deployments/chat-llm")["autoscaling"]["max_replicas"] == 6
+    shadow = {"share": 0.2, "replicas": 1, "engine_image": "vllm/vllm-openai:v0.33.0"}
+    assert api.get("/deployments/chat-llm")["shadow"] == shadow
     assert api.get("/tokens/ci")["description"] == "CI and CD"
     assert tf.plan_exit()[0] == 0
     assert tf.output("token") == secret, "the secret is kept after updates"

@@ -90,6 +90,16 @@ def test_retired_idle_or_placed_again_is_not_kept():
     assert keep_dropped([CHAT], kept, at(3, 0, retired=["chat"]), busy, NOW, GRACE) == {}
 
 
+def test_a_deleted_deployments_rollout_lane_goes_with_it():
+    """A deployment deleted during a rollout is in `retired`; its lane (which serves it) is
+    not listed by its own name anywhere, and must not outlive it by the grace period."""
+    lane = make_deployment("chat--r2").model_copy(update={"serves": "chat", "traffic_share": 0.2})
+    busy = {"chat": NOW, "chat--r2": NOW}
+    assert keep_dropped([CHAT, lane], {}, at(2, 0, retired=["chat"]), busy, NOW, GRACE) == {}
+    # dropped without `retired` (the control plane's blind spot), both stay for the grace
+    assert set(keep_dropped([CHAT, lane], {}, at(2, 0), busy, NOW, GRACE)) == {"chat", "chat--r2"}
+
+
 def test_reconcile_drains_nothing_of_a_kept_deployment_and_everything_of_a_retired_one():
     replicas = [make_replica("chat-1"), make_replica("chat-2")]
     dropped = at(2, 0)

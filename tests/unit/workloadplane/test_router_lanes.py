@@ -141,4 +141,6 @@ async def test_shadow_copies_are_bounded_and_the_excess_is_dropped_and_counted()
         "gpufleet_router_shadow_requests_total", {"deployment": "chat--r3", "outcome": "dropped"}
     )
     assert len(app._shadows) == 1 and dropped == 2
+    counted = router.outcomes("chat--r3")  # what the heartbeat reports for the shadow lane
+    assert counted is not None and counted.dropped == 2 and counted.requests == 0
     await app.close_shadows()
