@@ -38,6 +38,7 @@ RULES: dict[tuple[str, str], str | None] = {
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/api/v1/deployments/{ref}/revisions"): V,
     ("GET", "/api/v1/deployments/{ref}/rollout"): V,
+    ("GET", "/api/v1/deployments/{ref}/shadow"): V,
     ("POST", "/api/v1/deployments/{ref}/rollout/{command}"): OP,
     ("GET", "/api/v1/placement"): V,
     ("POST", "/api/v1/placement/preview"): V,

@@ -6,6 +6,7 @@ no error, its lane's replicas joining the deployment as they are."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from tests.integration.faults.conftest import Fleet
+from tests.integration.faults.conftest import CLUSTERS, Fleet
 from tests.integration.test_up import _wait_until
 
 DEPLOYMENT = "eu-assistant"
@@ -91,6 +92,25 @@ def _restore(fleet: Fleet, original: dict) -> None:
     for body in ({**original, "rollout": {"strategy": "immediate"}}, original):
         restored = fleet.api.put(path, json=body)
         assert restored.status_code in (200, 201), restored.text
+    revision = str(restored.json()["status"]["revision"])
+
+    def settled() -> bool:
+        """Every replica of the deployment on every plane is of the restored revision and
+        ready, and no lane is left: the next test finds the fleet as the suite started it
+        (a replica still being replaced would look like one a fault stopped)."""
+        for cluster in CLUSTERS:
+            record = fleet.up.data_dir / "agents" / cluster / "runtime" / "replicas.json"
+            rows = json.loads(record.read_text()) if record.exists() else []
+            for r in rows:
+                if DEPLOYMENT not in (r.get("deployment"), r.get("serves")):
+                    continue
+                if r.get("deployment") != DEPLOYMENT or r.get("state") != "ready":
+                    return False
+                if str(r.get("spec", {}).get("revision")) != revision:
+                    return False
+        return True
+
+    _wait_until(settled, 120, f"{DEPLOYMENT} to settle at revision {revision}, no lane left")
 
 
 def _replicas_text(fleet: Fleet, cluster: str) -> str:
