@@ -185,8 +185,9 @@ def test_a_real_vllm_stream_continues_on_another_plane_when_its_plane_dies(
             "ignore_eos": True, "return_token_ids": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     # On a loaded machine the whole answer can reach the gateway before the client has read
-    # its 12th chunk and the plane is killed: nothing is left to continue. That is not the
-    # case under test (the stream is still checked whole), so it is tried again, 3 times.
+    # its 12th chunk and the plane is killed (nothing is left to continue), or a late probe
+    # moves the stream before the kill. Neither is the case under test (the stream is still
+    # checked whole), so it is tried again, 3 times.
     for _ in range(3):
         vfleet.wait_ranked("g1", "chat", set(PLANES), timeout=60)
         before = mid_stream_failovers(vfleet)
@@ -214,11 +215,14 @@ def test_a_real_vllm_stream_continues_on_another_plane_when_its_plane_dies(
         moved = mid_stream_failovers(vfleet) - before
         if moved == 1:
             break
-        assert moved == 0, f"continued {moved} times"
+        # 0: the answer was whole before the kill; 2: a late probe on the loaded machine had
+        # moved it once before the kill (to a plane that then was killed). Either way the
+        # client got one whole stream (asserted above), but the checks below need exactly
+        # one continuation on the survivor: the precondition is tried again.
     else:
         raise AssertionError(
-            f"3 times the whole answer reached the gateway before its plane was killed (the "
-            f"client had its {STOP_AT}th chunk {killed_at[0]:.2f} s after the head)"
+            f"3 times the stream did not move exactly once (last: {moved:g} moves; the client "
+            f"had its {STOP_AT}th chunk {killed_at[0]:.2f} s after the head)"
         )
 
     # what the survivor was sent: the continued prompt and max_tokens less what was delivered
