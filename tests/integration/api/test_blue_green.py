@@ -27,7 +27,7 @@ from tests.integration.api.test_rollouts import (
     _entries,
     _generations,
     _new_revision,
-    _place,
+    build_world,
 )
 
 BLUE_GREEN = {"strategy": "blue_green", "keep_seconds": 600, "gates": {"min_requests": 100}}
@@ -35,19 +35,7 @@ BLUE_GREEN = {"strategy": "blue_green", "keep_seconds": 600, "gates": {"min_requ
 
 @pytest.fixture
 def world(admin, session_factory: sessionmaker[Session]):
-    for path, body in (
-        ("providers", b.provider()),
-        ("regions", b.region()),
-        ("gpu-types", b.gpu_type()),
-        ("pools", b.pool("p1")),
-        ("clusters", b.cluster("a", pools=["p1"])),
-        ("clusters", b.cluster("b", pools=["p1"])),
-        ("deployments", b.deployment("chat", rollout=BLUE_GREEN)),
-    ):
-        response = admin.post(path, body)
-        assert response.status_code == 201, response.text
-    _place(session_factory, "chat", PLACED)
-    return admin
+    return build_world(admin, session_factory, b.deployment("chat", rollout=BLUE_GREEN), PLACED)
 
 
 def _report(

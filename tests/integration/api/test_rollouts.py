@@ -56,8 +56,8 @@ def _place(factory: sessionmaker[Session], deployment: str, placed: dict[str, in
         s.execute(update(m.Cluster).values(desired_generation=5, state="healthy"))
 
 
-@pytest.fixture
-def world(admin, session_factory: sessionmaker[Session]):
+def build_world(admin, factory: sessionmaker[Session], deployment: dict, placed: dict[str, int]):
+    """One pool shared by clusters a and b, ``deployment`` created and placed ``placed``."""
     for path, body in (
         ("providers", b.provider()),
         ("regions", b.region()),
@@ -65,12 +65,17 @@ def world(admin, session_factory: sessionmaker[Session]):
         ("pools", b.pool("p1")),
         ("clusters", b.cluster("a", pools=["p1"])),
         ("clusters", b.cluster("b", pools=["p1"])),
-        ("deployments", b.deployment("chat", rollout=CANARY)),
+        ("deployments", deployment),
     ):
         response = admin.post(path, body)
         assert response.status_code == 201, response.text
-    _place(session_factory, "chat", PLACED)
+    _place(factory, deployment["name"], placed)
     return admin
+
+
+@pytest.fixture
+def world(admin, session_factory: sessionmaker[Session]):
+    return build_world(admin, session_factory, b.deployment("chat", rollout=CANARY), PLACED)
 
 
 def _new_revision(api: Any, image: str = "vllm/vllm-openai:v0.33.0") -> Any:

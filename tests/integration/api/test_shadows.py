@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.contracts import (
@@ -24,6 +24,7 @@ from controlplane.db.columns import cluster_status
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
 from tests.integration.api import builders as b
+from tests.integration.api.test_rollouts import build_world
 
 PLACED = {"a": 3, "b": 1}
 SHADOW = {"share": 0.25, "replicas": 2, "engine_image": "vllm/vllm-openai:v0.33.0"}
@@ -31,26 +32,7 @@ SHADOW = {"share": 0.25, "replicas": 2, "engine_image": "vllm/vllm-openai:v0.33.
 
 @pytest.fixture
 def world(admin, session_factory: sessionmaker[Session]):
-    for path, body in (
-        ("providers", b.provider()),
-        ("regions", b.region()),
-        ("gpu-types", b.gpu_type()),
-        ("pools", b.pool("p1")),
-        ("clusters", b.cluster("a", pools=["p1"])),
-        ("clusters", b.cluster("b", pools=["p1"])),
-        ("deployments", b.deployment("chat")),
-    ):
-        response = admin.post(path, body)
-        assert response.status_code == 201, response.text
-    with session_factory() as s, s.begin():
-        dep = s.scalars(select(m.Deployment.id)).one()
-        pool = s.scalars(select(m.Pool.id)).one()
-        for cluster, replicas in PLACED.items():
-            cid = s.scalars(select(m.Cluster.id).where(m.Cluster.name == cluster)).one()
-            s.add(m.Placement(deployment_id=dep, cluster_id=cid, pool_id=pool,
-                              replicas=replicas, min_replicas=1, max_replicas=replicas))  # fmt: skip
-        s.execute(update(m.Cluster).values(desired_generation=5, state="healthy"))
-    return admin
+    return build_world(admin, session_factory, b.deployment("chat"), PLACED)
 
 
 def _set_shadow(api: Any, shadow: dict[str, Any] | None) -> dict[str, Any]:
