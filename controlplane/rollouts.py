@@ -384,6 +384,33 @@ def _filled(quotas: Sequence[PoolQuota], n: int) -> list[PoolQuota]:
     return out
 
 
+def entry_sizes(here: int, r: Rollout, policy: CanaryPolicy) -> tuple[int, int] | None:
+    """(stable, new) replicas of a deployment's two entries on a cluster where ``here`` are
+    placed while ``r`` runs (`lane_entries`); None when there is no lane (done, or nothing
+    placed here). A canary splits ``here`` (each side rounded up) and pre-scales the new
+    revision to the next step's share while scaling; blue-green keeps the stable revision
+    whole beside it."""
+    if r.done or here <= 0:
+        return None
+    phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
+    now_share = share(r, policy)
+    lane_n = replicas_for(here, r, policy) if phase is Phase.SCALING else split(here, now_share)[0]
+    return (here if policy.blue_green else split(here, now_share)[1]), lane_n
+
+
+def extra_gpus(here: int, stable_gpus: int, new_gpus: int, r: Rollout, policy: CanaryPolicy) -> int:
+    """GPUs a running rollout needs on a cluster beyond the ``here`` replicas placement gave
+    the deployment (``new_gpus`` each, its current shape): its two entries' replicas at
+    their own revision's GPUs per replica (``stable_gpus`` for the stable one), less what is
+    placed. A canary's is the replica its rounding or pre-scaling adds (and any change of
+    GPUs per replica); blue-green's is the whole second copy."""
+    sizes = entry_sizes(here, r, policy)
+    if sizes is None:
+        return 0
+    kept, lane_n = sizes
+    return max(0, kept * stable_gpus + lane_n * new_gpus - here * new_gpus)
+
+
 def lane_entries(
     entry: DeploymentDesired,
     here: int,
@@ -397,11 +424,12 @@ def lane_entries(
     the lane (``entry``'s spec, the new revision, at exactly its replicas: pre-scaled to the
     next step's while scaling, so traffic never moves to replicas that are not ready). Done,
     or nothing placed here: the entry as it is (a finished lane is retired by name)."""
-    if r.done or here <= 0:
+    sizes = entry_sizes(here, r, policy)
+    if sizes is None:
         return [entry]
+    lane_n = sizes[1]
     now_share = share(r, policy)
     phase = r.paused_from if r.phase is Phase.PAUSED else r.phase
-    lane_n = replicas_for(here, r, policy) if phase is Phase.SCALING else split(here, now_share)[0]
     auto = entry.autoscaling.model_copy(update={"scale_to_zero_idle_seconds": None, "schedule": []})
     if policy.blue_green:
         kept = _kept_whole(entry, here, stable, auto, switched=phase is Phase.KEEPING)

@@ -115,6 +115,13 @@ class UnplacedView(Status):
     displaced_by: str | None = None
 
 
+class ReservedView(Status):
+    cluster: str
+    pool: str
+    gpus: int
+    reason: str = Field(description="what they are for: a running rollout's lane or the shadow")
+
+
 class PlacementStatus(Status):
     """A deployment's share of the last placement: where, what it costs, why not more."""
 
@@ -128,6 +135,14 @@ class PlacementStatus(Status):
     )
     standby: list[AssignmentView] = Field(
         default_factory=list, description="where the standby replicas are (not in assignments)"
+    )
+    reserved_gpus: int = Field(
+        default=0,
+        description="GPUs held beyond the placed replicas for a running rollout (a canary's "
+        "pre-scaled replica, a blue-green's second copy) and the shadow; in cost_per_hour",
+    )
+    reserved: list[ReservedView] = Field(
+        default_factory=list, description="where the reserved GPUs are and what for"
     )
 
 

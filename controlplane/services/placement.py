@@ -31,6 +31,9 @@ from controlplane.db.columns import (
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services import spend
+from controlplane.services.lanes import running_canaries
+from controlplane.services.reservations import Reserved, per_pool, reservations, reserve
+from controlplane.services.shadows import shadow_of
 from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
 from controlplane.services.desired import bump_desired
 from controlplane.services.standby import (
@@ -75,6 +78,9 @@ class World:
     """The stored placement; `input.current` leaves out replicas that cannot start."""
     standbys: dict[str, Standby] = field(default_factory=dict)
     """Per active_passive deployment: what its standby cluster keeps warm."""
+    reserved: list[Reserved] = field(default_factory=list)
+    """GPUs held for running rollouts and shadows, already out of `input`'s pools
+    (`controlplane.services.reservations`)."""
 
 
 def place(world: World, inp: engine.PlacementInput | None = None) -> engine.PlacementResult:
@@ -206,35 +212,42 @@ def load_world(session: Session, now: datetime | None = None) -> World:
         if running_share(a, reports) > 0
     )
     per_replica = {d.name: d.gpus_per_replica for d in deployments.values()}
+    shadows = {n: s for n, d in deployments.items() if (s := shadow_of(d)) is not None}
+    wanted = reservations(
+        stored, per_replica, running_canaries(session, deployments.values()), shadows
+    )
     running: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for a in current:
         running[a.pool][a.cluster] += a.replicas * per_replica[a.deployment]
-    return World(
-        input=engine.PlacementInput(
-            regions=tuple(
-                engine.Region(r.name, r.jurisdiction, utc_offset_hours(r.longitude))
-                for r in regions
-            ),
-            pools=tuple(
-                _pool(
-                    p,
-                    now,
-                    held.get(p.id, 0),
-                    usable_gpus(
-                        p.gpus + held.get(p.id, 0), reports.get(p.name, {}), running[p.name]
-                    ),
-                )
-                for p in pools.values()
-            ),
-            clusters=tuple(_cluster(c) for c in clusters.values()),
-            deployments=tuple(_deployment(d, placed.get(d.name)) for d in deployments.values()),
-            current=engine_current(current, standbys),
+    for pool, clusters_gpus in per_pool(wanted).items():  # the lanes run there too
+        for cluster, gpus in clusters_gpus.items():
+            running[pool][cluster] += gpus
+    inp = engine.PlacementInput(
+        regions=tuple(
+            engine.Region(r.name, r.jurisdiction, utc_offset_hours(r.longitude)) for r in regions
         ),
+        pools=tuple(
+            _pool(
+                p,
+                now,
+                held.get(p.id, 0),
+                usable_gpus(p.gpus + held.get(p.id, 0), reports.get(p.name, {}), running[p.name]),
+            )
+            for p in pools.values()
+        ),
+        clusters=tuple(_cluster(c) for c in clusters.values()),
+        deployments=tuple(_deployment(d, placed.get(d.name)) for d in deployments.values()),
+        current=engine_current(current, standbys),
+    )
+    held_input, reserved = reserve(inp, wanted)
+    return World(
+        input=held_input,
         deployments=deployments,
         clusters=clusters,
         pools=pools,
         placed=tuple(stored),
         standbys=standbys,
+        reserved=reserved,
     )
 
 
@@ -248,11 +261,17 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
     for a in result.assignments:
         if is_standby(world.standbys, a.deployment, a.cluster):
             standby[a.deployment] += a.replicas
+    price = {p.id: p.price_per_gpu_hour for p in world.input.pools}
+    held: dict[str, list[Reserved]] = defaultdict(list)
+    for r in world.reserved:
+        held[r.deployment].append(r)
+    reserved_cost = sum(r.gpus * price.get(r.pool, 0.0) for r in world.reserved)
     for dep in world.input.deployments:
+        extra = sum(r.gpus * price.get(r.pool, 0.0) for r in held[dep.name])
         per_dep[dep.name] = {
             "wanted_replicas": dep.target_replicas,
             "placed_replicas": placed.get(dep.name, 0) - standby.get(dep.name, 0),
-            "cost_per_hour": f"{result.cost_per_hour.get(dep.name, 0.0):.6f}",
+            "cost_per_hour": f"{result.cost_per_hour.get(dep.name, 0.0) + extra:.6f}",
             "assignments": [
                 {"cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
                 for a in result.assignments
@@ -263,6 +282,11 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
                 {"cluster": a.cluster, "pool": a.pool, "replicas": a.replicas}
                 for a in result.assignments
                 if a.deployment == dep.name and is_standby(world.standbys, dep.name, a.cluster)
+            ],
+            "reserved_gpus": sum(r.gpus for r in held[dep.name]),
+            "reserved": [
+                {"cluster": r.cluster, "pool": r.pool, "gpus": r.gpus, "reason": r.reason}
+                for r in held[dep.name]
             ],
             "unplaced": [
                 {
@@ -276,7 +300,7 @@ def summary(world: World, result: engine.PlacementResult) -> dict[str, Any]:
             ],
         }
     return {
-        "total_cost_per_hour": f"{result.total_cost_per_hour:.6f}",
+        "total_cost_per_hour": f"{result.total_cost_per_hour + reserved_cost:.6f}",
         "deployments": per_dep,
         "changes": [_change(c) for c in result.changes],
         "procurement": [
@@ -404,6 +428,8 @@ def instance_gpus_wanted(world: World, result: engine.PlacementResult) -> dict[s
     used: dict[str, int] = defaultdict(int)
     for a in result.assignments:
         used[a.pool] += a.replicas * per_replica[a.deployment]
+    for r in world.reserved:  # rollout lanes and shadows run there too
+        used[r.pool] += r.gpus
     return {row.id: max(0, used[name] - row.gpus) for name, row in world.pools.items()}
 
 

@@ -111,3 +111,40 @@ def test_a_router_that_restarted_counts_from_its_new_start():
     start = {"a": {"chat": counters("s1", 1000, 10)}}
     stable, new = windows(start, {"a": {"chat": counters("s9", 40, 1)}}, "chat", 2)
     assert (stable.requests, stable.errors, new.requests) == (40, 1, 0)
+
+
+# the GPUs placement holds for the lanes (`rollouts.extra_gpus`) -------------------------
+
+
+def _lane_gpus(r: ro.Rollout, policy: ro.CanaryPolicy, here: int, stable_gpus: int, new_gpus: int):
+    """What the two entries of `lane_entries` run, in GPUs, beyond ``here`` placed replicas."""
+    stable = STABLE.model_copy(update={"gpus_per_replica": stable_gpus})
+    entry = make_entry(here).model_copy(
+        update={"spec": NEW.model_copy(update={"gpus_per_replica": new_gpus})}
+    )
+    out = ro.lane_entries(entry, here, stable, r, policy, "chat--r2")
+    return sum(e.quota.max * e.spec.gpus_per_replica for e in out) - here * new_gpus
+
+
+def test_the_extra_gpus_are_what_the_lane_entries_run_beyond_the_placed_replicas():
+    green = ro.blue_green(600)
+    cases = [
+        (ro.start(T0), POLICY, 20, 1, 1, 1),  # pre-scaled 5 %: one replica more
+        (ro.Rollout(1, ro.Phase.HOLDING, T0), POLICY, 20, 1, 1, 0),  # 25 % of 20 splits evenly
+        (ro.Rollout(1, ro.Phase.HOLDING, T0), POLICY, 7, 1, 1, 1),  # ceil(1.75) + ceil(5.25)
+        (ro.start(T0), green, 20, 1, 1, 20),  # blue-green: the whole second copy
+        (ro.Rollout(0, ro.Phase.KEEPING, T0), green, 20, 1, 1, 20),
+        (ro.Rollout(1, ro.Phase.HOLDING, T0), POLICY, 20, 2, 1, 15),  # the stable side's 2 GPUs
+        (ro.Rollout(1, ro.Phase.HOLDING, T0), POLICY, 20, 1, 2, 0),  # smaller old shape: none
+    ]
+    for r, policy, here, stable_gpus, new_gpus, extra in cases:
+        assert ro.extra_gpus(here, stable_gpus, new_gpus, r, policy) == extra
+        assert max(0, _lane_gpus(r, policy, here, stable_gpus, new_gpus)) == extra
+
+
+def test_a_finished_or_absent_rollout_holds_nothing():
+    assert ro.extra_gpus(20, 1, 1, ro.Rollout(3, ro.Phase.PROMOTED, T0), POLICY) == 0
+    assert ro.extra_gpus(20, 1, 1, ro.Rollout(0, ro.Phase.ROLLED_BACK, T0), POLICY) == 0
+    assert ro.extra_gpus(0, 1, 1, ro.start(T0), ro.blue_green(600)) == 0
+    paused = ro.Rollout(0, ro.Phase.PAUSED, T0, paused_from=ro.Phase.SCALING)
+    assert ro.extra_gpus(20, 1, 1, paused, POLICY) == 1
