@@ -293,9 +293,10 @@ def describe(
     events: list[dict[str, Any]],
     now: datetime,
     rollout: Mapping[str, Any] | None = None,
+    shadow: Mapping[str, Any] | None = None,
 ) -> str:
     """Plain text: a header, the spec as YAML, the status, the rollout (deployments that had
-    one), and recent events."""
+    one), the shadow report (deployments with a shadow), and recent events."""
     lines = [
         f"{kind.name}: {obj.get('name')}",
         f"Id:          {obj.get('id')}",
@@ -309,6 +310,8 @@ def describe(
     ]
     if rollout is not None:
         lines += ["Rollout:", _indented(rollout_lines(rollout))]
+    if shadow is not None:
+        lines += ["Shadow:", _indented(shadow_lines(shadow))]
     lines.append("Events:")
     if not events:
         lines.append("  (none)")
@@ -325,6 +328,41 @@ def _spec_of(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def _indented(text: str) -> str:
     return "\n".join("  " + line for line in text.rstrip("\n").removesuffix("...").splitlines())
+
+
+SHADOW_ROWS = (
+    ("Requests", "requests", "{}"),
+    ("Errors", "errors", "{}"),
+    ("Error rate", "error_rate", "{:.1%}"),
+    ("p50 TTFT", "p50_ttft_s", "{:.3f}s"),
+    ("p99 TTFT", "p99_ttft_s", "{:.3f}s"),
+    ("p50 end-to-end", "p50_e2e_s", "{:.3f}s"),
+    ("p99 end-to-end", "p99_e2e_s", "{:.3f}s"),
+)
+
+
+def shadow_lines(r: Mapping[str, Any]) -> str:
+    """The shadow report as a table: a row per figure, live and shadow side by side."""
+    spec = r.get("spec") or {}
+    changes = ", ".join(
+        f"{k}={v}" for k, v in spec.items() if k not in ("share", "replicas")
+    )  # the revision fields it changes
+    lines = [
+        f"Deployment:  {r.get('deployment')} (shadow lane {r.get('lane')})",
+        f"Shadow:      {float(spec.get('share') or 0):.0%} of the requests copied, "
+        f"{spec.get('replicas')} replica(s) per cluster; changes: {changes or 'none'}",
+        f"Clusters:    {', '.join(r.get('clusters') or []) or '- (no report yet)'}",
+        "Window:      since the shadow was last set or changed",
+        "",
+        f"{'':<16}{'live':>12}{'shadow':>12}",
+    ]
+    live, shadow = r.get("live") or {}, r.get("shadow") or {}
+    for label, key, fmt in SHADOW_ROWS:
+        lines.append(
+            f"{label:<16}{fmt.format(live.get(key, 0)):>12}{fmt.format(shadow.get(key, 0)):>12}"
+        )
+    lines.append(f"{'Dropped':<16}{'-':>12}{shadow.get('dropped', 0):>12}")
+    return "\n".join(lines) + "\n"
 
 
 def rollout_lines(r: Mapping[str, Any]) -> str:

@@ -261,7 +261,12 @@ def describe(
                 return
             recent = _events_of(client, k, name, events)
             rollout = _rollout_of(client, name) if k.path == "deployments" else None
-        typer.echo(render.describe(k, obj, recent, datetime.now(UTC), rollout), nl=False)
+            shadow = (
+                client.get(f"/deployments/{name}/shadow", f"deployment '{name}'")
+                if k.path == "deployments" and obj.get("shadow")
+                else None
+            )
+        typer.echo(render.describe(k, obj, recent, datetime.now(UTC), rollout, shadow), nl=False)
 
 
 def _rollout_of(client: Client, deployment: str) -> dict[str, Any] | None:

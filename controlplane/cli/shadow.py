@@ -3,15 +3,13 @@ over `/api/v1/deployments/{ref}/shadow` (docs/rollouts.md#shadow-traffic)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import typer
 
 from controlplane.cli import app
 from controlplane.cli.client import ApiError, Client
 from controlplane.cli.config import load_context
 from controlplane.cli.manifests import CliError
+from controlplane.cli.render import shadow_lines
 from controlplane.cli.resources import reported
 
 shadow_app = typer.Typer(
@@ -20,15 +18,6 @@ shadow_app = typer.Typer(
 app.add_typer(shadow_app, name="shadow")
 
 DEPLOYMENT = typer.Argument(..., help="The deployment's name.")
-ROWS = (
-    ("Requests", "requests", "{}"),
-    ("Errors", "errors", "{}"),
-    ("Error rate", "error_rate", "{:.1%}"),
-    ("p50 TTFT", "p50_ttft_s", "{:.3f}s"),
-    ("p99 TTFT", "p99_ttft_s", "{:.3f}s"),
-    ("p50 end-to-end", "p50_e2e_s", "{:.3f}s"),
-    ("p99 end-to-end", "p99_e2e_s", "{:.3f}s"),
-)
 
 
 @shadow_app.command()
@@ -46,27 +35,3 @@ def report(deployment: str = DEPLOYMENT) -> None:
                 "{share: 0.1}` block in its spec and `gpufleet apply`"
             ) from exc
     typer.echo(shadow_lines(body), nl=False)
-
-
-def shadow_lines(r: Mapping[str, Any]) -> str:
-    """The shadow report as a table: a row per figure, live and shadow side by side."""
-    spec = r.get("spec") or {}
-    changes = ", ".join(
-        f"{k}={v}" for k, v in spec.items() if k not in ("share", "replicas")
-    )  # the revision fields it changes
-    lines = [
-        f"Deployment:  {r.get('deployment')} (shadow lane {r.get('lane')})",
-        f"Shadow:      {float(spec.get('share') or 0):.0%} of the requests copied, "
-        f"{spec.get('replicas')} replica(s) per cluster; changes: {changes or 'none'}",
-        f"Clusters:    {', '.join(r.get('clusters') or []) or '- (no report yet)'}",
-        "Window:      since the shadow was last set or changed",
-        "",
-        f"{'':<16}{'live':>12}{'shadow':>12}",
-    ]
-    live, shadow = r.get("live") or {}, r.get("shadow") or {}
-    for label, key, fmt in ROWS:
-        lines.append(
-            f"{label:<16}{fmt.format(live.get(key, 0)):>12}{fmt.format(shadow.get(key, 0)):>12}"
-        )
-    lines.append(f"{'Dropped':<16}{'-':>12}{shadow.get('dropped', 0):>12}")
-    return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ from controlplane.dashboard.web import (
     started,
 )
 from controlplane.errors import BadRequest, Forbidden
-from controlplane.services import fleet_view, inventory, records, rollouts
+from controlplane.services import fleet_view, inventory, records, rollouts, shadows
 from controlplane.services.records import RECORDS
 from controlplane.services.resources import KINDS
 from controlplane.specs import Role
@@ -145,6 +145,7 @@ def pages_router() -> APIRouter:
             revisions = records.revisions(session, name)["items"]
             last = rollouts.latest(session, row.id)
             rollout = rollouts.view(last, row) if last is not None else None
+            shadow = shadows.report(session, name) if shadows.shadow_of(row) else None
             replicas = records.page(
                 session, RECORD["replicas"], {"deployment": name}, PAGE_SIZE, None
             )["items"]
@@ -160,6 +161,7 @@ def pages_router() -> APIRouter:
             request, "deployment.html", principal, active="deployments", d=body,
             revisions=revisions[-10:], replicas=replicas, clusters=clusters, rollout=rollout,
             placement=(body["status"].get("placement") or {}), routers=urls, serving=figures,
+            shadow=shadow,
         )  # fmt: skip
 
     @router.get("/placement", response_class=HTMLResponse)

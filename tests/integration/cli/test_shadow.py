@@ -52,3 +52,15 @@ def test_shadow_report_shows_live_and_shadow_side_by_side(cli: Cli, session_fact
     assert rows["Error rate"] == ["0.0%", "20.0%"]
     assert rows["p99 TTFT"] == ["0.250s", "5.000s"]
     assert rows["Dropped"] == ["-", "3"]
+    described = cli("describe", "deployment", "chat")
+    assert described.exit_code == 0, described.output
+    shadow = described.output.split("\nShadow:\n", 1)[1].split("\nEvents:")[0]
+    assert "  Deployment:  chat (shadow lane chat--shadow)" in shadow
+    assert "  Requests" in shadow and shadow.count("\n") >= 9
+
+
+def test_describe_leaves_the_shadow_out_of_a_deployment_without_one(cli: Cli, session_factory):
+    _world(session_factory)
+    described = cli("describe", "deployment", "chat")
+    assert described.exit_code == 0, described.output
+    assert "\nShadow:" not in described.output and "\nEvents:" in described.output

@@ -286,3 +286,37 @@ def test_what_if_previews_and_tokens_are_created_once_disabled_and_deleted(
     expect(page.locator("#token-dash-made")).to_have_count(0)
     assert fleet.api.get("/api/v1/tokens/dash-made").status_code == 404
     context.close()
+
+
+def test_a_deployments_shadow_and_the_gpus_it_holds_are_on_its_page(
+    fleet: Fleet, browser: Browser
+) -> None:
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    watched = Watched(context, fleet.url)
+    watched.login(fleet.token)
+    page = watched.page
+    page.goto(fleet.url + "/deployments/eu-assistant")
+    expect(page.locator("p#shadow")).to_contain_text("No shadow")
+    shadow = {"share": 0.05, "replicas": 1, "engine_args": ["--max-model-len", "256"]}
+    set_ = fleet.api.patch("/api/v1/deployments/eu-assistant", json={"shadow": shadow})
+    assert set_.status_code == 200, set_.text
+    try:
+        page.goto(fleet.url + "/deployments/eu-assistant")
+        table = page.locator("table#shadow")
+        expect(table).to_contain_text("Copies dropped")
+        expect(page.get_by_text("eu-assistant--shadow")).to_be_visible()
+
+        def held() -> bool:  # the next re-plan holds the shadow's GPUs (the pool has room)
+            page.goto(fleet.url + "/deployments/eu-assistant")
+            return (
+                "for shadow" in (page.text_content("#reserved") or "")
+                if page.locator("#reserved").count()
+                else False
+            )
+
+        wait_until(held, 60, "the placement to hold the shadow's GPUs")
+        page.screenshot(path=str(SHOTS / "deployment-shadow.png"), full_page=True)
+    finally:
+        fleet.api.patch("/api/v1/deployments/eu-assistant", json={"shadow": None})
+    assert not watched.errors, watched.errors
+    context.close()
