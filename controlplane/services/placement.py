@@ -31,11 +31,11 @@ from controlplane.db.columns import (
 from controlplane.procurement.core import ACTIVE
 from controlplane.procurement.store import blocked_reason, plan_procurement
 from controlplane.services import spend
+from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
+from controlplane.services.desired import bump_desired
 from controlplane.services.lanes import running_canaries
 from controlplane.services.reservations import Reserved, per_pool, reservations, reserve
 from controlplane.services.shadows import shadow_of
-from controlplane.services.capacity import reported_capacity, running_share, usable_gpus
-from controlplane.services.desired import bump_desired
 from controlplane.services.standby import (
     Standby,
     engine_current,
