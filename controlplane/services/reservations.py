@@ -1,4 +1,5 @@
-"""GPUs that placement holds for rollouts and shadows (docs/rollouts.md, "Placement during a rollout or a shadow").
+"""GPUs that placement holds for rollouts and shadows (docs/rollouts.md, "Placement during a
+rollout or a shadow").
 
 While a rollout runs, a deployment placed on a cluster is two entries there (the stable
 revision and the lane, `controlplane.rollouts.lane_entries`), and a deployment with a shadow
