@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from gpufleet_logging import request_id_bound
+from gpufleet_logging import bind_request_id, unbind_request_id
 from workloadplane.gateway.choice import Choice, Ranked
 from workloadplane.gateway.continuation import (
     StreamTracker,
@@ -150,8 +150,11 @@ class GatewayApp:
     # --- inference ------------------------------------------------------------------------
     async def inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         head = read_head(scope["headers"], _EXTRA)
-        with request_id_bound(head.request_id.decode()):  # on every line logged for it
+        token = bind_request_id(head.request_id.decode())  # on every line logged for it
+        try:
             await self._inference(head, receive, send, path)
+        finally:
+            unbind_request_id(token)
 
     async def _inference(self, head: RequestHead, receive: Receive, send: Send, path: str) -> None:
         arrived = time.perf_counter()
@@ -160,7 +163,7 @@ class GatewayApp:
 
         async def fail(error: tuple[int, str], message: str, code: str, dep: str = "") -> None:
             status, type_ = error
-            self.metrics.requests.labels(dep, "", str(status)).inc()
+            self.metrics.answered(dep, "", status).inc()
             log.debug("%s %s: %d %s", path, dep or "-", status, code)
             await respond(send, status, errors.error_body(message, type_, code), extra=(rid,))
 
@@ -201,7 +204,7 @@ class GatewayApp:
             await fail(errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model)
             return
         region = head.wanted.get(CLIENT_REGION, b"").decode(errors="replace").strip() or None
-        self.metrics.request_size.labels(model).observe(len(body))
+        size = len(body)
         stream = payload.get("stream") is True
         why = not_continuable(path, payload) if stream else "not streamed"
         if not why:  # the engine's own token counts, should the stream need continuing
@@ -212,15 +215,15 @@ class GatewayApp:
             opened = await self._open(model, path, forward, body, stream, region, asked, set())
         except Refused as exc:
             client.close()
+            self.metrics.request_size.labels(model).observe(size)
             await fail(NO_PLANE, str(exc), "no_healthy_plane", model)
             return
         except UpstreamError as exc:
             client.close()
+            self.metrics.request_size.labels(model).observe(size)
             await fail(errors.BAD_GATEWAY, f"every plane tried failed: {exc}", "upstream_failed")
             return
-        self.metrics.head_time.labels(model, opened.plane.cluster).observe(
-            time.perf_counter() - arrived
-        )
+        head_s = time.perf_counter() - arrived  # observed once the client has its answer
         ours = [
             rid,
             (b"x-gpufleet-plane", opened.plane.cluster.encode()),
@@ -244,9 +247,12 @@ class GatewayApp:
             status = 499
         finally:
             client.close()
-        self.metrics.requests.labels(model, plane, str(status)).inc()
-        self.metrics.response_size.labels(model, plane).observe(sent)
-        self.metrics.duration.labels(model, plane).observe(time.perf_counter() - arrived)
+        served = self.metrics.served(model, plane)
+        served.request_size.observe(size)
+        served.head_time.observe(head_s)
+        served.response_size.observe(sent)
+        served.duration.observe(time.perf_counter() - arrived)
+        self.metrics.answered(model, plane, status).inc()
         log.debug("%s %s: %d from plane %s", path, model, status, opened.plane.cluster)
 
     async def _open(
