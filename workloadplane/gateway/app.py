@@ -116,6 +116,7 @@ class GatewayApp:
         self.state = state
         self.config = config
         self.metrics = state.metrics
+        self._whys: dict[int, tuple[Ranked, bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -227,7 +228,7 @@ class GatewayApp:
         ours = [
             rid,
             (b"x-gpufleet-plane", opened.plane.cluster.encode()),
-            (b"x-gpufleet-route", opened.ranked.why.encode(errors="replace")),
+            (b"x-gpufleet-route", self._route_header(opened.ranked)),
         ]
         status, sent, plane = opened.resp.status, 0, opened.plane.cluster
         try:
@@ -254,6 +255,18 @@ class GatewayApp:
         served.duration.observe(time.perf_counter() - arrived)
         self.metrics.answered(model, plane, status).inc()
         log.debug("%s %s: %d from plane %s", path, model, status, opened.plane.cluster)
+
+    def _route_header(self, ranked: Ranked) -> bytes:
+        """``x-gpufleet-route``: the serving plane's ``why``, formatted once per ranking
+        (``GatewayState.choose`` hands the same one out while its inputs hold)."""
+        kept = self._whys.get(id(ranked))
+        if kept is not None and kept[0] is ranked:
+            return kept[1]
+        if len(self._whys) >= 256:
+            self._whys.clear()
+        value = ranked.why.encode(errors="replace")
+        self._whys[id(ranked)] = (ranked, value)
+        return value
 
     async def _open(
         self,
@@ -472,6 +485,8 @@ def _jurisdictions(head: RequestHead, grant: KeyGrant | None) -> frozenset[str] 
     """The request's residency: the header's codes within the key's (None: it asks for one
     the key may not use)."""
     raw = head.wanted.get(JURISDICTION, b"").decode(errors="replace")
+    if not raw and grant is None:
+        return frozenset()  # the usual request: no residency asked, no key's
     asked = frozenset(j.strip().upper() for j in raw.split(",") if j.strip())
     own = grant.jurisdictions if grant is not None else frozenset()
     if asked and own:
