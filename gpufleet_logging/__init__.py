@@ -11,19 +11,23 @@ from gpufleet_logging.configure import LogSettings, configure_logging
 from gpufleet_logging.context import (
     HEADER,
     MAX_REQUEST_ID,
+    bind_request_id,
     clean_request_id,
     current_request_id,
     new_request_id,
     request_id_bound,
+    unbind_request_id,
 )
 
 __all__ = [
     "HEADER",
     "MAX_REQUEST_ID",
     "LogSettings",
+    "bind_request_id",
     "clean_request_id",
     "configure_logging",
     "current_request_id",
     "new_request_id",
     "request_id_bound",
+    "unbind_request_id",
 ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from gpufleet_logging import request_id_bound
+from gpufleet_logging import bind_request_id, unbind_request_id
 from workloadplane.gateway.choice import Choice, Ranked
 from workloadplane.gateway.continuation import (
     StreamTracker,
@@ -116,6 +116,7 @@ class GatewayApp:
         self.state = state
         self.config = config
         self.metrics = state.metrics
+        self._whys: dict[int, tuple[Ranked, bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -150,8 +151,11 @@ class GatewayApp:
     # --- inference ------------------------------------------------------------------------
     async def inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         head = read_head(scope["headers"], _EXTRA)
-        with request_id_bound(head.request_id.decode()):  # on every line logged for it
+        token = bind_request_id(head.request_id.decode())  # on every line logged for it
+        try:
             await self._inference(head, receive, send, path)
+        finally:
+            unbind_request_id(token)
 
     async def _inference(self, head: RequestHead, receive: Receive, send: Send, path: str) -> None:
         arrived = time.perf_counter()
@@ -160,7 +164,7 @@ class GatewayApp:
 
         async def fail(error: tuple[int, str], message: str, code: str, dep: str = "") -> None:
             status, type_ = error
-            self.metrics.requests.labels(dep, "", str(status)).inc()
+            self.metrics.answered(dep, "", status).inc()
             log.debug("%s %s: %d %s", path, dep or "-", status, code)
             await respond(send, status, errors.error_body(message, type_, code), extra=(rid,))
 
@@ -201,7 +205,7 @@ class GatewayApp:
             await fail(errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model)
             return
         region = head.wanted.get(CLIENT_REGION, b"").decode(errors="replace").strip() or None
-        self.metrics.request_size.labels(model).observe(len(body))
+        size = len(body)
         stream = payload.get("stream") is True
         why = not_continuable(path, payload) if stream else "not streamed"
         if not why:  # the engine's own token counts, should the stream need continuing
@@ -212,19 +216,19 @@ class GatewayApp:
             opened = await self._open(model, path, forward, body, stream, region, asked, set())
         except Refused as exc:
             client.close()
+            self.metrics.request_size.labels(model).observe(size)
             await fail(NO_PLANE, str(exc), "no_healthy_plane", model)
             return
         except UpstreamError as exc:
             client.close()
+            self.metrics.request_size.labels(model).observe(size)
             await fail(errors.BAD_GATEWAY, f"every plane tried failed: {exc}", "upstream_failed")
             return
-        self.metrics.head_time.labels(model, opened.plane.cluster).observe(
-            time.perf_counter() - arrived
-        )
+        head_s = time.perf_counter() - arrived  # observed once the client has its answer
         ours = [
             rid,
             (b"x-gpufleet-plane", opened.plane.cluster.encode()),
-            (b"x-gpufleet-route", opened.ranked.why.encode(errors="replace")),
+            (b"x-gpufleet-route", self._route_header(opened.ranked)),
         ]
         status, sent, plane = opened.resp.status, 0, opened.plane.cluster
         try:
@@ -244,10 +248,25 @@ class GatewayApp:
             status = 499
         finally:
             client.close()
-        self.metrics.requests.labels(model, plane, str(status)).inc()
-        self.metrics.response_size.labels(model, plane).observe(sent)
-        self.metrics.duration.labels(model, plane).observe(time.perf_counter() - arrived)
+        served = self.metrics.served(model, plane)
+        served.request_size.observe(size)
+        served.head_time.observe(head_s)
+        served.response_size.observe(sent)
+        served.duration.observe(time.perf_counter() - arrived)
+        self.metrics.answered(model, plane, status).inc()
         log.debug("%s %s: %d from plane %s", path, model, status, opened.plane.cluster)
+
+    def _route_header(self, ranked: Ranked) -> bytes:
+        """``x-gpufleet-route``: the serving plane's ``why``, formatted once per ranking
+        (``GatewayState.choose`` hands the same one out while its inputs hold)."""
+        kept = self._whys.get(id(ranked))
+        if kept is not None and kept[0] is ranked:
+            return kept[1]
+        if len(self._whys) >= 256:
+            self._whys.clear()
+        value = ranked.why.encode(errors="replace")
+        self._whys[id(ranked)] = (ranked, value)
+        return value
 
     async def _open(
         self,
@@ -466,6 +485,8 @@ def _jurisdictions(head: RequestHead, grant: KeyGrant | None) -> frozenset[str] 
     """The request's residency: the header's codes within the key's (None: it asks for one
     the key may not use)."""
     raw = head.wanted.get(JURISDICTION, b"").decode(errors="replace")
+    if not raw and grant is None:
+        return frozenset()  # the usual request: no residency asked, no key's
     asked = frozenset(j.strip().upper() for j in raw.split(",") if j.strip())
     own = grant.jurisdictions if grant is not None else frozenset()
     if asked and own:

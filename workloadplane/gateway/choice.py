@@ -36,7 +36,7 @@ returns the planes to try in order, the ones left out and why. Rules, in order:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.contracts import DeploymentLoad, DeploymentRoute, PlaneRoute, RegionPoint
@@ -103,9 +103,20 @@ class Ranked:
     cold_s: float
     saturated: bool
     role: str
-    why: str = ""
+    note: str = ""
+    """What comes before the expected time in ``why`` (standby, spill-over, last resort)."""
     region: str = ""
     """The plane's region (an answer to a client elsewhere is data transfer)."""
+
+    @property
+    def why(self) -> str:
+        """Why it ranks here: the ``x-gpufleet-route`` header when it serves (formatted on
+        demand: only the plane that serves needs it)."""
+        expected = (
+            f"expected ttft {self.expected_s * 1000:.0f}ms = network {self.network_s * 1000:.0f}"
+            f"ms + queue {self.queue_s * 1000:.0f}ms + cold {self.cold_s * 1000:.0f}ms"
+        )
+        return f"{self.note}; {expected}" if self.note else expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +182,7 @@ def rank(
             healthy.append((plane, sig))
     serving, note = _by_role(route, healthy, ctx, excluded)
     ranked = [_expect(plane, sig, route.name, ctx, params) for plane, sig in serving]
-    ranked.sort(key=lambda r: (r.saturated, r.expected_s, r.cluster))
+    ranked.sort(key=_by_expected)
     ranked = _explained(ranked, note)
     client = ctx.client.name if ctx.client is not None else ""
     if ranked:
@@ -273,10 +284,17 @@ def _expect(
     )
 
 
-def _explained(ranked: Sequence[Ranked], note: str) -> list[Ranked]:
-    """Each plane's ``why`` (the ``x-gpufleet-route`` header when it serves)."""
+def _by_expected(r: Ranked) -> tuple[bool, float, str]:
+    return r.saturated, r.expected_s, r.cluster
+
+
+def _explained(ranked: list[Ranked], note: str) -> list[Ranked]:
+    """Each plane's ``note``, the first part of its ``why`` (the ``x-gpufleet-route`` header
+    when it serves); most rankings have none to add."""
+    if not ranked or (not note and not any(r.saturated for r in ranked)):
+        return ranked
     out = []
-    nearest = min(ranked, key=lambda r: r.network_s).cluster if ranked else ""
+    nearest = min(ranked, key=lambda r: r.network_s).cluster
     saturated = [r.cluster for r in ranked if r.saturated]
     for i, r in enumerate(ranked):
         parts = [note] if note else []
@@ -284,9 +302,5 @@ def _explained(ranked: Sequence[Ranked], note: str) -> list[Ranked]:
             parts.append(f"spill-over: {nearest} is saturated")
         elif r.saturated:
             parts.append("saturated: every plane is")
-        parts.append(
-            f"expected ttft {r.expected_s * 1000:.0f}ms = network {r.network_s * 1000:.0f}ms"
-            f" + queue {r.queue_s * 1000:.0f}ms + cold {r.cold_s * 1000:.0f}ms"
-        )
-        out.append(dataclasses.replace(r, why="; ".join(parts)))
+        out.append(dataclasses.replace(r, note="; ".join(parts)) if parts else r)
     return out

@@ -14,6 +14,7 @@ restarted while NATS is unreachable routes from it at once (static stability).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 ROUTES_FILE = "routing-table"
+_MAX_CHOICES = 1024
+_EDGE_S = 1e-6
+"""Kept answers expire this much before a verdict's edge (float rounding at the edge)."""
 
 
 class RoutesStore:
@@ -106,6 +110,10 @@ class Plane:
     last_byte_at: float | None = None
     """When a stream from it last delivered bytes (the state's clock): a plane that is
     streaming to us is alive, whatever one late health probe says."""
+
+    def own_count(self, deployment: str) -> int:
+        """This gateway's requests for ``deployment`` on the plane now."""
+        return sum(1 for a in self.attempts if a.deployment == deployment)
 
     def own_in_flight(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -186,6 +194,51 @@ class GatewayMetrics:
             buckets=(*times, 120.0, 300.0),
             registry=r,
         )
+        self._served: dict[tuple[str, str], Served] = {}
+        self._answered: dict[tuple[str, str, int], Counter] = {}
+
+    def served(self, deployment: str, plane: str) -> Served:
+        """The labelled histograms of one (deployment, plane), looked up once: ``labels()``
+        costs more than the observation, on every request (label values come from the
+        routing table: bounded)."""
+        key = (deployment, plane)
+        served = self._served.get(key)
+        if served is None:
+            served = self._served[key] = Served(
+                self.request_size.labels(deployment),
+                self.response_size.labels(deployment, plane),
+                self.head_time.labels(deployment, plane),
+                self.duration.labels(deployment, plane),
+            )
+        return served
+
+    def answered(self, deployment: str, plane: str, code: int) -> Counter:
+        """``requests`` labelled for one answer (looked up once per label values)."""
+        key = (deployment, plane, code)
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(deployment, plane, str(code))
+        return child
+
+
+def _deployment_load(load: PlaneLoad | None, deployment: str) -> tuple[object, ...] | None:
+    """What ``rank`` reads of a plane's load report for ``deployment`` (not its sequence
+    number, nor the TTFT it does not use)."""
+    if load is None:
+        return None
+    found: tuple[object, ...] = ()
+    for d in load.deployments:  # the last of a name, as Plane.signals keeps it
+        if d.name == deployment:
+            found = d.ready_replicas, d.in_flight, d.queue_depth, d.capacity, d.service_rate
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    request_size: Histogram
+    response_size: Histogram
+    head_time: Histogram
+    duration: Histogram
 
 
 class GatewayState:
@@ -208,6 +261,11 @@ class GatewayState:
         self.regions: dict[str, RegionPoint] = {}
         self.last_report_at: float | None = None
         self.bus_connected = False
+        self._choices: dict[
+            tuple[str, str | None, frozenset[str]],
+            tuple[tuple[object, ...], float, float, Choice],
+        ] = {}
+        """Answers of ``rank`` kept: (inputs, from, until, answer) per request key."""
 
     # --- feeding --------------------------------------------------------------------------
     def restore(self) -> bool:
@@ -345,12 +403,23 @@ class GatewayState:
     def choose(
         self, deployment: str, client_region: str | None, jurisdictions: frozenset[str]
     ) -> Choice | None:
-        """The ranking for one request (None: no such deployment in the table)."""
+        """The ranking for one request (None: no such deployment in the table).
+
+        ``rank`` is pure: its answer is reused while every input it reads is equal (the
+        route, each of its planes' signals, this gateway's requests there, the client's
+        region, the residency) and the clock has not reached a time at which one of its
+        verdicts changes (a report going stale, a hold-down ending); never during a ramp,
+        whose capacity moves with the clock."""
         route = self.routes.get(deployment)
         if route is None:
             return None
         now = self.clock()
         client = self.regions.get(client_region or self.region) or self.regions.get(self.region)
+        key = (deployment, client.name if client is not None else None, jurisdictions)
+        marks = self._marks(route, deployment, client, now)
+        cached = self._choices.get(key)
+        if cached is not None and cached[0] == marks and cached[1] <= now < cached[2]:
+            return cached[3]
         ctx = Context(
             now=now,
             client=client,
@@ -359,7 +428,64 @@ class GatewayState:
             reports_flowing=self.reports_flowing(now),
         )
         signals = {c: p.signals() for c, p in self.planes.items()}
-        return rank(route, signals, ctx, self.params)
+        choice = rank(route, signals, ctx, self.params)
+        until = self._steady_until(route, now)
+        if until > now:
+            if len(self._choices) >= _MAX_CHOICES and key not in self._choices:
+                self._choices.clear()  # keys come from request headers: bounded
+            self._choices[key] = (marks, now, until, choice)
+        return choice
+
+    def _marks(
+        self, route: DeploymentRoute, deployment: str, client: RegionPoint | None, now: float
+    ) -> tuple[object, ...]:
+        """Everything ``rank`` reads for ``route`` but the clock, compared by equality."""
+        marks: list[object] = [route, client, self.region, self.params, self.reports_flowing(now)]
+        planes = self.planes
+        for p in route.planes:
+            plane = planes.get(p.cluster)
+            if plane is None:
+                marks.append(None)
+                continue
+            health = plane.health
+            marks += (
+                plane,
+                health.ejected,
+                health.reason,
+                plane.healthy_since,
+                plane.rtt_s,
+                plane.load_at is None,  # its age counts through _steady_until's edges
+                _deployment_load(plane.load, deployment),
+                plane.own_at_load.get(deployment, 0),
+                plane.own_count(deployment) if plane.attempts else 0,
+            )
+        return tuple(marks)
+
+    def _steady_until(self, route: DeploymentRoute, now: float) -> float:
+        """Until when (exclusive) ``rank``'s answer for ``route`` stays what it is ``now``
+        if no input changes; ``now``: it moves with the clock (not kept)."""
+        stale = self.params.load_stale_s
+        until = math.inf
+        flowing = self.reports_flowing(now)
+        if flowing:
+            assert self.last_report_at is not None
+            until = self.last_report_at + stale  # reports stop flowing past it
+        for p in route.planes:
+            plane = self.planes.get(p.cluster)
+            if plane is None:
+                continue
+            if flowing and plane.load_at is not None:  # else report age is not held against it
+                edge = plane.load_at + stale
+                if now >= edge:
+                    return now  # its exclusion names the report's age, which grows
+                until = min(until, edge)
+            if plane.healthy_since is not None:
+                if now < plane.healthy_since + self.params.ramp_s:
+                    return now  # ramping: its capacity grows with the clock
+                edge = plane.healthy_since + route.hold_down_seconds
+                if now < edge:
+                    until = min(until, edge)
+        return until - _EDGE_S
 
     def close(self) -> None:
         for plane in self.planes.values():

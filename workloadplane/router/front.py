@@ -152,6 +152,14 @@ async def relay(
     out = [(n, v) for n, v in resp.headers if n not in DROP_RESPONSE]
     out += headers
     await send({"type": "http.response.start", "status": resp.status, "headers": out})
+    if not stream and (whole := resp.whole()) is not None:  # all here: one write, no loop
+        resp.release()
+        size = len(whole)
+        first = time.perf_counter() if size else 0.0
+        await send({"type": "http.response.body", "body": whole, "more_body": False})
+        if client.watching is not None and client.watching.done():
+            raise ClientGoneError
+        return Relayed(size, 0, first, whole if size <= 65536 else b"", True)
     gone = client.watching
     if stream:  # the head goes out now; else it leaves with the body, in one write
         await send(FLUSH)

@@ -43,6 +43,7 @@ App = Callable[
 
 _STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 _DISCONNECT: Message = {"type": "http.disconnect"}
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BAD_REQUEST = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n"
@@ -181,14 +182,17 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
         self._header_count += 1
-        limit = self.limits.max_headers
+        self._header_bytes += len(name) + len(value) + 4  # _count_head, inlined: per header
+        limits = self.limits
+        limit = limits.max_headers
         if limit is not None and self._header_count > limit:
             message = (
                 f"the request has more than {limit} headers, the most this router takes: "
                 "send fewer headers"
             )
             self._reject(431, "Request Header Fields Too Large", message, "too_many_headers")
-        self._count_head(len(name) + len(value) + 4)
+        if limits.max_header_bytes is not None and self._header_bytes > limits.max_header_bytes:
+            self._count_head(0)  # rejects
 
     def _count_head(self, n: int) -> None:
         self._header_bytes += n
@@ -234,7 +238,7 @@ class _Connection(asyncio.Protocol):
         path = raw_path.decode("latin-1")
         self._scope = {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "asgi": _ASGI,
             "http_version": self.parser.get_http_version(),
             "scheme": "http",
             "method": self.parser.get_method().decode("ascii"),

@@ -194,6 +194,19 @@ class Response:
     def body(self) -> AsyncIterator[bytes]:
         return self._conn.body()
 
+    def whole(self) -> bytes | None:
+        """The body, if all of it has already arrived (else None: iterate ``body()``); the
+        usual case of a short answer, whose head and body come in one read."""
+        conn = self._conn
+        if not conn._done or conn._error is not None:
+            return None
+        chunks = conn._chunks
+        if len(chunks) == 1:
+            return chunks.popleft()
+        body = b"".join(chunks)
+        chunks.clear()
+        return body
+
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._conn.body()])
 

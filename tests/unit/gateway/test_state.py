@@ -4,6 +4,7 @@ plane's load report as its router builds it."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from controlplane.contracts import (
@@ -20,6 +21,7 @@ from controlplane.contracts import (
     RoutingTable,
     encode,
 )
+from workloadplane.gateway.choice import Context, rank
 from workloadplane.gateway.state import Attempt, GatewayState, RoutesStore
 from workloadplane.router.core import Router
 from workloadplane.router.load import RecentWindow, plane_load
@@ -153,4 +155,117 @@ def test_a_late_probe_leaves_a_silent_stream_that_could_only_come_back_to_its_pl
     clock.now += 2.0
     assert state.probe_failed("a", "health probe: timed out", clock.now - 0.5)
     assert cuts == ["anywhere"]  # de may take it; the US-only stream stays on a
+    state.close()
+
+
+def _ranked(state: GatewayState, deployment: str = "chat1") -> list[str]:
+    choice = state.choose(deployment, None, frozenset())
+    assert choice is not None
+    return [r.cluster for r in choice.ranked]
+
+
+def _report(state: GatewayState, cluster: str, **load: object) -> None:
+    report = PlaneLoad(cluster=cluster, source=f"cluster/{cluster}",
+                       deployments=[DeploymentLoad(name="chat1", **load)])  # type: ignore[arg-type]  # fmt: skip
+    assert state.apply_load(f"gpufleet.v1.cluster.{cluster}.load", encode(report))
+
+
+def test_a_kept_ranking_follows_every_change_of_what_it_was_made_from(tmp_path: Path):
+    """The gateway keeps the last ranking per (deployment, region, residency) while nothing
+    it was made from changes: the same answer for the next request — and a new one at once
+    when a plane's RTT, health, load or this gateway's requests there change, or when the
+    clock reaches a report's staleness."""
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US", "b": "US"}))
+    state.bus_connected = True
+    for c in ("a", "b"):
+        _report(state, c, ready_replicas=1, capacity=1, service_rate=1.0)
+    state.probe_ok("a", 0.010)
+    state.probe_ok("b", 0.020)
+    first = state.choose("chat1", None, frozenset())
+    assert first is not None and [r.cluster for r in first.ranked] == ["a", "b"]
+    clock.now += 0.5
+    assert state.choose("chat1", None, frozenset()) is first  # nothing changed: kept
+    state.planes["a"].rtt_s = 0.030  # a probe measured a slower a
+    assert _ranked(state) == ["b", "a"]
+    state.planes["a"].rtt_s = 0.010
+    assert _ranked(state) == ["a", "b"]
+    held = Attempt("chat1")
+    state.planes["a"].attempts.add(held)  # a is full (capacity 1): spill over to b
+    assert _ranked(state) == ["b", "a"]
+    state.planes["a"].attempts.discard(held)
+    assert _ranked(state) == ["a", "b"]
+    _report(state, "a", ready_replicas=1, capacity=1, in_flight=1, service_rate=1.0)
+    assert _ranked(state) == ["b", "a"]  # a's own report: full
+    _report(state, "a", ready_replicas=1, capacity=1, service_rate=1.0)
+    assert _ranked(state) == ["a", "b"]
+    state.failed("a", "connection refused")
+    assert _ranked(state) == ["b"]
+    state.probe_ok("a", 0.010)
+    state.probe_ok("a", 0.010)  # back, ramping up: not kept while its capacity grows
+    clock.now += state.params.ramp_s
+    assert _ranked(state) == ["a", "b"]
+    _report(state, "b", ready_replicas=1, capacity=1, service_rate=1.0)
+    clock.now += state.params.load_stale_s  # a's last report is now too old, b's is not
+    choice = state.choose("chat1", None, frozenset())
+    assert choice is not None and [r.cluster for r in choice.ranked] == ["b"]
+    assert "no load report for" in dict(choice.excluded)["a"]
+    state.close()
+
+
+def test_a_kept_ranking_is_per_client_region_and_residency(tmp_path: Path):
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US", "de": "DE"}))
+    anywhere = state.choose("chat1", None, frozenset())
+    german = state.choose("chat1", None, frozenset({"DE"}))
+    assert anywhere is not None and german is not None
+    assert [r.cluster for r in german.ranked] == ["de"]
+    assert len(anywhere.ranked) == 2
+    assert state.choose("chat1", None, frozenset()) is anywhere
+    state.close()
+
+
+def test_a_kept_ranking_is_always_the_one_ranking_afresh_gives(tmp_path: Path):
+    """Random changes of every input, and the clock moving by steps around the report
+    staleness, the ramp and the hold-down: each answer equals a fresh ``rank``."""
+    rng = random.Random(7)
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US", "b": "US", "de": "DE"}))
+    held: list[tuple[str, Attempt]] = []
+    for _ in range(3000):
+        c = rng.choice(["a", "b", "de"])
+        op = rng.randrange(8)
+        if op == 0:
+            _report(state, c, ready_replicas=rng.randrange(2), capacity=rng.randrange(1, 3),
+                    in_flight=rng.randrange(3), service_rate=rng.choice([0.0, 1.0]))  # fmt: skip
+        elif op == 1:
+            state.probe_ok(c, rng.choice([0.01, 0.02, 0.03]))
+        elif op == 2 and rng.random() < 0.3:
+            state.failed(c, "connection refused")
+        elif op == 3:
+            held.append((c, Attempt("chat1")))
+            state.planes[c].attempts.add(held[-1][1])
+        elif op == 4 and held:
+            c, attempt = held.pop(rng.randrange(len(held)))
+            state.planes[c].attempts.discard(attempt)
+        elif op == 5:
+            state.bus_connected = rng.random() < 0.8
+        else:
+            clock.now += rng.choice([0.0, 0.1, 0.5, 1.0, 2.0, 5.0])
+        asked = rng.choice([frozenset(), frozenset({"US"})])
+        region = rng.choice([None, "r"])
+        got = state.choose("chat1", region, asked)
+        now = clock.now
+        client = state.regions.get(region or state.region) or state.regions.get(state.region)
+        ctx = Context(now=now, client=client, gateway_region=state.region, jurisdictions=asked,
+                      reports_flowing=state.reports_flowing(now))  # fmt: skip
+        fresh = rank(
+            state.routes["chat1"], {n: p.signals() for n, p in state.planes.items()}, ctx,
+            state.params,
+        )  # fmt: skip
+        assert got == fresh
+        assert got is not None and [r.why for r in got.ranked] == [r.why for r in fresh.ranked]
     state.close()

@@ -187,3 +187,34 @@ async def test_an_upgrade_request_is_answered_in_http11_then_closed():
             data = await reader.read()  # to EOF: closed after the response
         writer.close()
     assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"GET /a ")
+
+
+async def test_a_short_answer_relayed_whole_goes_out_in_one_write_and_keeps_its_connection():
+    """A front relaying an answer whose body came with its head sends head and body in one
+    write, records it whole, and gives the upstream connection back for the next request."""
+    from workloadplane.router.front import ClientWatch, relay
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, object]:
+        await asyncio.Event().wait()
+        return {}
+
+    async with serving() as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        for i in range(2):
+            resp = await pool.request("POST", "/p", body=b"%d" % i)
+            await asyncio.sleep(0.05)  # the body is in by now
+            sent.clear()
+            relayed = await relay(resp, False, send, ClientWatch(receive), [(b"x-a", b"1")], "t")
+            assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+            assert sent[1] == {"type": "http.response.body", "body": b"POST /p %d" % i,
+                               "more_body": False}  # fmt: skip
+            assert (b"x-a", b"1") in sent[0]["headers"]  # type: ignore[operator]
+            assert relayed.complete and relayed.size == 9 and relayed.first > 0
+            assert relayed.tail == b"POST /p %d" % i
+        pool.close()
+    assert pool.connections_opened == 1
