@@ -41,7 +41,12 @@ from controlplane.placement.packing import (
     enforce_spread,
     fill,
 )
-from controlplane.placement.repair import improve, place_hard, rehome_displaced
+from controlplane.placement.repair import (
+    MAX_ROOM_POOLS,
+    improve,
+    place_hard,
+    rehome_displaced,
+)
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -290,6 +295,7 @@ def place(inp: PlacementInput) -> PlacementResult:
     """Full re-plan of `inp` against `inp.current`. Raises PlacementInputError on bad input."""
     t = compile_tables(inp)
     plan = Plan.empty(t)
+    plan.room_pools = MAX_ROOM_POOLS
     keep_current(plan, inp.current)
     order = placement_order(t, plan)
     solve(plan, order)
