@@ -10,9 +10,9 @@
    instead, cut into whole replicas per pool; the LP on merged classes x pool groups
    (coarse.py) only if that solver is missing or fails.
    Bench (bench/placement.py, seed 7, 92 %, CPU s on a shared machine): 60 shapes 0.6-0.9
-   s at the optimum; 300 shapes 1.0-1.4 s, 2235 unplaced (optimum 2227; exact LP ~6 s);
-   1,000 shapes 1.4-1.9 s, 2733 (bound 2731); one per deployment 1.9-2.7 s, 2674-2675
-   (bound 2674): see docs/placement.md for what is left.
+   s at the optimum; 300 shapes 0.8-1.4 s, 2235 unplaced (optimum 2227; exact LP ~6 s);
+   1,000 shapes 1.3-1.9 s, 2741 (bound 2731); one per deployment 1.9-2.7 s, 2675 (bound
+   2674): see docs/placement.md for what is left.
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.
@@ -41,12 +41,7 @@ from controlplane.placement.packing import (
     enforce_spread,
     fill,
 )
-from controlplane.placement.repair import (
-    MAX_ROOM_POOLS,
-    improve,
-    place_hard,
-    rehome_displaced,
-)
+from controlplane.placement.repair import improve, place_hard, rehome_displaced
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -295,7 +290,6 @@ def place(inp: PlacementInput) -> PlacementResult:
     """Full re-plan of `inp` against `inp.current`. Raises PlacementInputError on bad input."""
     t = compile_tables(inp)
     plan = Plan.empty(t)
-    plan.room_pools = MAX_ROOM_POOLS
     keep_current(plan, inp.current)
     order = placement_order(t, plan)
     solve(plan, order)

@@ -36,9 +36,6 @@ class Plan:
     # shapes (size, admissible pools, spot budget left, priority) for which repair found
     # no room: later deployments of the same shape skip the search (room only shrinks)
     no_room: set[tuple[int, int, bool, int]] = field(default_factory=set)
-    # pools repair examines per stuck replica: few in an incremental re-plan (its retries
-    # of unplaced replicas must stay within milliseconds), more in place()
-    room_pools: int = 8
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
     # previous plan until first written; these sets hold the ones already copied
     shared: bool = False

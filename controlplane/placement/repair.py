@@ -29,11 +29,10 @@ from controlplane.placement.packing import (
 
 SPREAD = ("min_distinct_providers", "min_distinct_regions")
 
-# pools a full re-plan examines per stuck replica, cheapest first (8, what an incremental
-# re-plan examines, left 8 more GPUs unplaced at 1,000 shapes, 92 %, and 1 more at one
-# shape per deployment; 32 in an incremental re-plan took 31 instead of 21 ms at 60
-# shapes, seed 13, 70 %, where 1,434 GPUs are unplaced and retried)
-MAX_ROOM_POOLS = 32
+# pools examined per stuck replica, cheapest first. 32 placed 8 more GPUs at 1,000 shapes
+# (92 %, seed 7: 2733 vs 2741, bound 2731) and 1 more at one shape per deployment, but
+# cost 0.1-0.4 CPU s of place() (300 shapes 0.85 -> 1.05 s, 60 shapes 0.75 -> 1.1 s)
+MAX_ROOM_POOLS = 8
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 
@@ -99,7 +98,7 @@ def make_room(plan: Plan, d: int) -> bool:
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot
     cost = np.where(ok, t.cost(d), INF)
-    for p in np.argsort(cost, kind="stable")[: plan.room_pools]:
+    for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
         p = int(p)
         if not math.isfinite(cost[p]):
             return False
@@ -140,7 +139,7 @@ def displace(plan: Plan, d: int) -> bool:
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot
     cost = np.where(ok, t.cost(d), INF)
-    pools = [int(p) for p in np.argsort(cost, kind="stable")[: plan.room_pools]]
+    pools = [int(p) for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]]
     pools = [p for p in pools if math.isfinite(cost[p])]
     for harmless in (True, False):
         for p in pools:

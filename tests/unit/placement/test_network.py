@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.placement import engine, network, place, repair, replan, transport
+from controlplane.placement import engine, network, place, transport
 from controlplane.placement.lp import lower_bound, unplaced_optimum
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
 from tests.unit.placement.rules import check_rules
@@ -147,19 +147,3 @@ def test_rules_hold_on_the_flow_path(seed, load):
 def test_the_flow_path_prints_nothing(flow_path, capfd):
     place(world(3, 60, 0.95))
     assert capfd.readouterr() == ("", "")
-
-
-def test_repair_searches_wider_in_a_full_replan_than_in_an_incremental_one():
-    # place() examines MAX_ROOM_POOLS pools per stuck replica; replan()'s retries of the
-    # replicas left unplaced stay at the plan's default (milliseconds per change)
-    pools = [make_pool(f"p{i}", capacity=8, price=1.0 + i) for i in range(3)]
-    deps = [make_deployment("x", gpus=8, replicas=4), make_deployment("y", gpus=1, replicas=2)]
-    inp = make_input(pools, deps)
-    first = place(inp)
-    assert first.state.plan.room_pools == repair.MAX_ROOM_POOLS > 8
-    changed = dataclasses.replace(
-        inp, deployments=(deps[0], dataclasses.replace(deps[1], wanted_replicas=3))
-    )
-    again = replan(first, changed)
-    assert again.state.plan.room_pools == 8
-    check_rules(changed, again)
