@@ -10,6 +10,13 @@ the re-plan time at 70/92 % (CPU seconds of the single-threaded place() call, wh
 unplaced GPUs at 92 % against the optimum's interval, and one incremental change; then
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
+Where it stands (seed 7, a shared 2-core machine; docs/placement.md has the table for seeds
+7, 11 and 13): 60 shapes at the optimum; 300 shapes (the min-cost flow with divisibility
+cuts since issue 13's last session, the exact LP at ~6 CPU s before) ~0.85-1.4 CPU s, +0.35 %,
+2235 unplaced vs optimum 2227; 1,000 shapes 1.3-1.9 s, +0.39 %, 2741 vs bound 2731; one per
+deployment 1.9-2.7 s, +0.47 % at 70 %, 2675 vs bound 2674 (the bench's own LP bound did not
+finish in 120 s at 92 %). Headline: FAIL (time above 300 shapes; unplaced +1 to +10 GPUs).
+
 Usage: .venv/bin/python bench/placement.py [--quick] [--seed N] [--families 60,300,1000,one]
 """
 

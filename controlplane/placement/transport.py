@@ -32,6 +32,12 @@ from typing import Any
 
 import numpy as np
 
+try:  # imported with the module, not in the first place() call (~0.1 CPU s of a re-plan)
+    import highspy
+    import highspy._core  # noqa: F401
+except ImportError:  # pragma: no cover - highspy is a dependency; greedy fallback
+    pass
+
 ITERATION_LIMIT = 200_000
 MAX_ROUNDS = 30  # column-generation rounds
 ENTER_PER_CLASS = 32  # columns added per class and round, most negative first

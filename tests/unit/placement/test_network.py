@@ -54,6 +54,19 @@ def test_whole_replicas_where_the_gpu_flow_would_split_them():
     assert q.tolist() == [[1, 1], [1, 0]]
 
 
+def test_divisibility_cuts_keep_the_gpu_flow_whole():
+    # one pool of 14 GPUs for an 8-GPU replica, three 4-GPU ones and two 1-GPU ones: a
+    # GPU flow bounded only per size would give the 4-GPU class 6 GPUs (1.5 replicas) and
+    # the 1-GPU class none; with the pool's cut (8- and 4-GPU replicas use at most 12 of
+    # its 14 GPUs) the flow itself is whole: 8 + 4 + 1 + 1, the pool full
+    unit = np.array([1.0])
+    pr = problem([[1.0], [1.0], [1.0]], sizes=[8, 4, 1], demand=[1, 3, 2], free=[14])
+    q = network.solve(pr, unit, np.array([0]))
+    assert q is not None
+    check_quotas(pr, q)
+    assert q.tolist() == [[1], [1], [2]]
+
+
 def test_spot_budget_and_admissibility():
     unit = np.array([0.5, 2.0, 1.0])
     pr = problem(
