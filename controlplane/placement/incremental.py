@@ -114,17 +114,35 @@ def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResu
         surplus = plan.placed(d) - inp.deployments[d].target_replicas
         if surplus > 0:
             drop_most_expensive(plan, d, surplus)
-    _settle(plan, changed, state, old_of)
+    retry = _worth_retrying(plan, state, old_of, changed)
+    _settle(plan, changed, retry)
     plan.touched.update(changed)  # a new target needs a new explanation even if nothing moved
-    plan.touched.update(
-        d for d, o in enumerate(old_of) if o is not None and state.outputs[o].unplaced
-    )
+    plan.touched.update(retry)
     return _outputs(plan, state, inp, old_of)
 
 
-def _settle(plan: Plan, changed: list[int], state: EngineState, old_of: list[int | None]) -> None:
+def _worth_retrying(
+    plan: Plan, state: EngineState, old_of: list[int | None], changed: list[int]
+) -> list[int]:
+    """Unchanged deployments left short before that may fit now: only the pools the changes
+    freed (used less than before) have more room than the last plan found, so one that may
+    use none of them would be refused again (and cost a fill per unplaced replica)."""
+    freed = plan.used < state.plan.used
+    if not freed.any():
+        return []
+    skip = set(changed)
+    return [
+        d
+        for d, o in enumerate(old_of)
+        if o is not None
+        and d not in skip
+        and state.outputs[o].unplaced
+        and bool((plan.t.compat(d) & freed).any())
+    ]
+
+
+def _settle(plan: Plan, changed: list[int], retry: list[int]) -> None:
     deps = plan.t.inp.deployments
-    retry = [d for d, o in enumerate(old_of) if o is not None and state.outputs[o].unplaced]
     order = sorted(set(changed) | set(retry), key=lambda d: (-deps[d].priority, d))
     for d in order:
         missing = deps[d].target_replicas - plan.placed(d)

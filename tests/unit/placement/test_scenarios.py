@@ -140,6 +140,26 @@ def test_stable_input_moves_nothing_and_small_change_moves_little():
     assert [(c.kind, c.deployment, c.replicas) for c in inc.changes] == [("add", "d4", 1)]
 
 
+def test_an_incremental_replan_places_what_was_short_once_a_change_frees_room():
+    pool = make_pool("p", capacity=8)
+    big = make_deployment("big", gpus=2, replicas=4, priority=200)
+    short = make_deployment("short", gpus=2, replicas=2)
+    first = place(make_input([pool], [big, short]))
+    assert replicas_by_pool(first, "short") == {}
+    # a change that frees nothing leaves it short (and is not retried)
+    other = make_deployment("other", gpus=2, replicas=1)
+    grown = replan(first, make_input([pool], [big, short, other]))
+    assert replicas_by_pool(grown, "short") == {} and grown.changes == ()
+    smaller = dataclasses.replace(big, wanted_replicas=2, min_replicas=2)
+    freed = replan(grown, make_input([pool], [smaller, short, other]))
+    assert replicas_by_pool(freed, "big") == {"p": 2}
+    assert (
+        sum(replicas_by_pool(freed, "short").values())
+        + sum(replicas_by_pool(freed, "other").values())
+        == 2
+    )  # the 4 GPUs freed go to the two left short, by priority then order
+
+
 def test_cost_per_hour_counts_list_prices():
     result = place(make_input([make_pool("p", price=2.0)], [make_deployment("x", gpus=4)]))
     assert result.cost_per_hour == {"x": 8.0}
