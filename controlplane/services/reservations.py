@@ -99,30 +99,26 @@ def reserve(
     pools = {p.id: p for p in inp.pools}
     free = {p.id: max(0, p.capacity_gpus - used[p.id]) for p in inp.pools}
     procurable = {p.id: p.procurable_gpus for p in inp.pools}
+    from_capacity: dict[str, int] = defaultdict(int)
     held: list[Reserved] = []
     for r in wanted:
         if r.pool not in pools:
             continue
-        from_free = min(r.gpus, free[r.pool])
-        bought = min(r.gpus - from_free, procurable[r.pool])
-        free[r.pool] -= from_free
+        own = min(r.gpus, free[r.pool])
+        bought = min(r.gpus - own, procurable[r.pool])
+        free[r.pool] -= own
         procurable[r.pool] -= bought
-        if from_free + bought > 0:
-            held.append(replace(r, gpus=from_free + bought))
-    taken: dict[str, int] = defaultdict(int)
-    for r in held:
-        taken[r.pool] += r.gpus
+        from_capacity[r.pool] += own
+        if own + bought > 0:
+            held.append(replace(r, gpus=own + bought))
     return replace(
         inp,
         pools=tuple(
             replace(
                 p,
-                capacity_gpus=p.capacity_gpus
-                - min(taken[p.id], max(0, p.capacity_gpus - used[p.id])),
+                capacity_gpus=p.capacity_gpus - from_capacity.get(p.id, 0),
                 procurable_gpus=procurable[p.id],
             )
-            if taken[p.id]
-            else p
             for p in inp.pools
         ),
     ), held

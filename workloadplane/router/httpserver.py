@@ -182,17 +182,14 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
         self._header_count += 1
-        self._header_bytes += len(name) + len(value) + 4  # _count_head, inlined: per header
-        limits = self.limits
-        limit = limits.max_headers
+        limit = self.limits.max_headers
         if limit is not None and self._header_count > limit:
             message = (
                 f"the request has more than {limit} headers, the most this router takes: "
                 "send fewer headers"
             )
             self._reject(431, "Request Header Fields Too Large", message, "too_many_headers")
-        if limits.max_header_bytes is not None and self._header_bytes > limits.max_header_bytes:
-            self._count_head(0)  # rejects
+        self._count_head(len(name) + len(value) + 4)
 
     def _count_head(self, n: int) -> None:
         self._header_bytes += n

@@ -172,6 +172,16 @@ class _Connection(asyncio.Protocol):
             await self._wake
             self._wake = None
 
+    def whole(self) -> bytes | None:
+        """The rest of the body if all of it has arrived (else None: iterate ``body()``)."""
+        if not self._done or self._error is not None:
+            return None
+        if len(self._chunks) == 1:
+            return self._chunks.popleft()
+        rest = b"".join(self._chunks)
+        self._chunks.clear()
+        return rest
+
     @property
     def reusable(self) -> bool:
         return self._done and self._keep_alive and not self.closed
@@ -197,15 +207,7 @@ class Response:
     def whole(self) -> bytes | None:
         """The body, if all of it has already arrived (else None: iterate ``body()``); the
         usual case of a short answer, whose head and body come in one read."""
-        conn = self._conn
-        if not conn._done or conn._error is not None:
-            return None
-        chunks = conn._chunks
-        if len(chunks) == 1:
-            return chunks.popleft()
-        body = b"".join(chunks)
-        chunks.clear()
-        return body
+        return self._conn.whole()
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self._conn.body()])

@@ -308,11 +308,8 @@ def test_a_deployments_shadow_and_the_gpus_it_holds_are_on_its_page(
 
         def held() -> bool:  # the next re-plan holds the shadow's GPUs (the pool has room)
             page.goto(fleet.url + "/deployments/eu-assistant")
-            return (
-                "for shadow" in (page.text_content("#reserved") or "")
-                if page.locator("#reserved").count()
-                else False
-            )
+            reserved = page.locator("#reserved")
+            return reserved.count() > 0 and "for shadow" in (reserved.text_content() or "")
 
         wait_until(held, 60, "the placement to hold the shadow's GPUs")
         page.screenshot(path=str(SHOTS / "deployment-shadow.png"), full_page=True)
