@@ -51,6 +51,8 @@ from workloadplane.router.front import (
     respond,
     send_stream_error,
 )
+from workloadplane.router.httpserver import Connection, Exchange
+from workloadplane.router.upstream import Connection as UpstreamConnection
 from workloadplane.router.upstream import Response, UpstreamAborted, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ _EXTRA = frozenset({CLIENT_REGION, JURISDICTION, CROSS_REGION})
 _NEXT_PLANE_STATUS = frozenset({429, 502, 503})
 _DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
 _DROP_RESPONSE |= {b"x-request-id", b"content-length"}
+_WHOLE_BYTES = 256 * 1024
+"""A non-streamed answer is held until whole (one write) up to this size; past it, its
+head goes out and the rest follows as it comes."""
 NO_PLANE = 503, "service_unavailable_error"
 
 
@@ -104,6 +109,39 @@ def hash_key(key: str) -> str:
 
 class Refused(Exception):
     """No plane may serve: the message names the jurisdiction."""
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request the gateway will send to a plane, as read once."""
+
+    head: RequestHead
+    path: str
+    model: str
+    payload: dict[str, Any]
+    body: bytes
+    """What goes to the plane (a stream asks for the engine's token counts)."""
+    size: int
+    """The client's body, bytes."""
+    stream: bool
+    why: str
+    """Why the stream could not be continued on another plane ("" if it can)."""
+    region: str | None
+    asked: frozenset[str]
+    forward: list[tuple[bytes, bytes]]
+    arrived: float
+
+
+@dataclass(slots=True)
+class Refusal:
+    """A request answered with an error before (or instead of) any plane."""
+
+    head: RequestHead
+    path: str
+    error: tuple[int, str]
+    message: str
+    code: str
+    deployment: str = ""
 
 
 class _Opened:
@@ -150,24 +188,47 @@ class GatewayApp:
 
     # --- inference ------------------------------------------------------------------------
     async def inference(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        head = read_head(scope["headers"], _EXTRA)
-        token = bind_request_id(head.request_id.decode())  # on every line logged for it
-        try:
-            await self._inference(head, receive, send, path)
-        finally:
-            unbind_request_id(token)
-
-    async def _inference(self, head: RequestHead, receive: Receive, send: Send, path: str) -> None:
         arrived = time.perf_counter()
+        head = read_head(scope["headers"], _EXTRA)
         body = await read_body(receive)
-        rid = (b"x-request-id", head.request_id)
+        await self._answer(self._admit(head, body, path, arrived), receive, send, set())
 
-        async def fail(error: tuple[int, str], message: str, code: str, dep: str = "") -> None:
-            status, type_ = error
-            self.metrics.answered(dep, "", status).inc()
-            log.debug("%s %s: %d %s", path, dep or "-", status, code)
-            await respond(send, status, errors.error_body(message, type_, code), extra=(rid,))
+    def fast(self, scope: Scope, body: bytes, conn: Connection) -> Exchange | None:
+        """The HTTP server's callback path (``HttpServer(fast=...)``): a request that is
+        admitted, not streamed, and whose first plane has an idle kept-alive connection
+        is relayed from callbacks (``_Relay``: no task, no ASGI messages); any other
+        inference request is handed over to the task path at once (its checks done once);
+        other routes run the app."""
+        if scope["method"] != "POST":
+            return None
+        path = scope["path"]
+        if path.encode() not in INFERENCE_PATHS:
+            return None
+        arrived = time.perf_counter()
+        admitted = self._admit(read_head(scope["headers"], _EXTRA), body, path, arrived)
+        if isinstance(admitted, Admitted) and not admitted.stream:
+            choice = self.state.choose(admitted.model, admitted.region, admitted.asked)
+            if choice is not None and choice.ranked and not choice.last_resort:
+                ranked = choice.ranked[0]
+                plane = self.state.planes[ranked.cluster]
+                upstream = plane.pool.take_idle()
+                if upstream is not None:
+                    relay = _Relay(self, admitted, conn, choice, ranked, plane, upstream)
+                    relay.start()
+                    return relay
+        self.hand_over(conn, admitted, set())
+        return None
 
+    def hand_over(self, conn: Connection, admitted: Admitted | Refusal, tried: set[str]) -> None:
+        async def answer(receive: Receive, send: Send) -> None:
+            await self._answer(admitted, receive, send, tried)
+
+        conn.hand_over(answer)
+
+    def _admit(
+        self, head: RequestHead, body: bytes, path: str, arrived: float
+    ) -> Admitted | Refusal:
+        """Who asks, for what, and where it may go; or why it is refused before any plane."""
         grant = None
         if self.config.api_keys:
             grant = self.config.api_keys.get(hash_key(bearer(head.auth)))
@@ -176,8 +237,7 @@ class GatewayApp:
                     "invalid API key: send 'Authorization: Bearer <key>' with a key this "
                     "gateway knows"
                 )
-                await fail(errors.UNAUTHORIZED, message, "invalid_api_key")
-                return
+                return Refusal(head, path, errors.UNAUTHORIZED, message, "invalid_api_key")
         tier = choose_tier(
             grant.tier if grant else None,
             self.config.default_tier,
@@ -187,13 +247,11 @@ class GatewayApp:
         try:
             payload, model = parse_payload(body)
         except BadRequest as exc:
-            await fail(errors.BAD_REQUEST, str(exc), exc.code)
-            return
+            return Refusal(head, path, errors.BAD_REQUEST, str(exc), exc.code)
         if model not in self.state.routes:
             names = ", ".join(sorted(self.state.routes)) or "none"
             message = f"the model `{model}` does not exist in this fleet; models: {names}"
-            await fail(errors.NOT_FOUND, message, "model_not_found")
-            return
+            return Refusal(head, path, errors.NOT_FOUND, message, "model_not_found")
         asked = _jurisdictions(head, grant)
         if asked is None:
             message = (
@@ -202,8 +260,9 @@ class GatewayApp:
                 if grant
                 else "x-gpufleet-jurisdiction is not a list of country codes"
             )
-            await fail(errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model)
-            return
+            return Refusal(
+                head, path, errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model
+            )
         region = head.wanted.get(CLIENT_REGION, b"").decode(errors="replace").strip() or None
         size = len(body)
         stream = payload.get("stream") is True
@@ -211,20 +270,53 @@ class GatewayApp:
         if not why:  # the engine's own token counts, should the stream need continuing
             body = json.dumps(counted(payload)).encode()
         forward = _upstream_headers(head, tier, self.config.plane_api_key)
+        return Admitted(
+            head, path, model, payload, body, size, stream, why, region, asked, forward, arrived
+        )
+
+    async def _answer(
+        self, admitted: Admitted | Refusal, receive: Receive, send: Send, tried: set[str]
+    ) -> None:
+        token = bind_request_id(admitted.head.request_id.decode())  # on every line logged
+        try:
+            if isinstance(admitted, Refusal):
+                await self._refuse(admitted, send)
+            else:
+                await self._serve(admitted, receive, send, tried)
+        finally:
+            unbind_request_id(token)
+
+    async def _refuse(self, refusal: Refusal, send: Send) -> None:
+        status, type_ = refusal.error
+        self.metrics.answered(refusal.deployment, "", status).inc()
+        log.debug("%s %s: %d %s", refusal.path, refusal.deployment or "-", status, refusal.code)
+        body = errors.error_body(refusal.message, type_, refusal.code)
+        await respond(send, status, body, extra=((b"x-request-id", refusal.head.request_id),))
+
+    async def _serve(self, a: Admitted, receive: Receive, send: Send, tried: set[str]) -> None:
+        head, path, model = a.head, a.path, a.model
+        rid = (b"x-request-id", head.request_id)
         client = ClientWatch(receive)
         try:
-            opened = await self._open(model, path, forward, body, stream, region, asked, set())
+            opened = await self._open(
+                model, path, a.forward, a.body, a.stream, a.region, a.asked, tried
+            )
         except Refused as exc:
             client.close()
-            self.metrics.request_size.labels(model).observe(size)
-            await fail(NO_PLANE, str(exc), "no_healthy_plane", model)
+            self.metrics.request_size.labels(model).observe(a.size)
+            await self._refuse(
+                Refusal(head, path, NO_PLANE, str(exc), "no_healthy_plane", model), send
+            )
             return
         except UpstreamError as exc:
             client.close()
-            self.metrics.request_size.labels(model).observe(size)
-            await fail(errors.BAD_GATEWAY, f"every plane tried failed: {exc}", "upstream_failed")
+            self.metrics.request_size.labels(model).observe(a.size)
+            message = f"every plane tried failed: {exc}"
+            await self._refuse(
+                Refusal(head, path, errors.BAD_GATEWAY, message, "upstream_failed"), send
+            )
             return
-        head_s = time.perf_counter() - arrived  # observed once the client has its answer
+        head_s = time.perf_counter() - a.arrived  # observed once the client has its answer
         ours = [
             rid,
             (b"x-gpufleet-plane", opened.plane.cluster.encode()),
@@ -232,14 +324,13 @@ class GatewayApp:
         ]
         status, sent, plane = opened.resp.status, 0, opened.plane.cluster
         try:
-            if stream and status == 200:
-                sent = await self._stream(
-                    opened, ours, send, client, (path, payload, why, region, asked, forward)
-                )
+            if a.stream and status == 200:
+                request = (path, a.payload, a.why, a.region, a.asked, a.forward)
+                sent = await self._stream(opened, ours, send, client, request)
             else:
                 try:
                     relayed = await relay(
-                        opened.resp, stream, send, client, ours, f"plane {opened.plane.cluster}"
+                        opened.resp, a.stream, send, client, ours, f"plane {opened.plane.cluster}"
                     )
                     sent = relayed.size
                 finally:
@@ -248,13 +339,16 @@ class GatewayApp:
             status = 499
         finally:
             client.close()
-        served = self.metrics.served(model, plane)
-        served.request_size.observe(size)
+        self._served(a, plane, status, head_s, sent)
+
+    def _served(self, a: Admitted, plane: str, status: int, head_s: float, sent: int) -> None:
+        served = self.metrics.served(a.model, plane)
+        served.request_size.observe(a.size)
         served.head_time.observe(head_s)
         served.response_size.observe(sent)
-        served.duration.observe(time.perf_counter() - arrived)
-        self.metrics.answered(model, plane, status).inc()
-        log.debug("%s %s: %d from plane %s", path, model, status, opened.plane.cluster)
+        served.duration.observe(time.perf_counter() - a.arrived)
+        self.metrics.answered(a.model, plane, status).inc()
+        log.debug("%s %s: %d from plane %s", a.path, a.model, status, plane)
 
     def _route_header(self, ranked: Ranked) -> bytes:
         """``x-gpufleet-route``: the serving plane's ``why``, formatted once per ranking
@@ -479,6 +573,194 @@ class GatewayApp:
             )
             return
         await respond(send, 200, json.dumps(_describe(choice, self.state)).encode())
+
+
+class _Relay:
+    """One admitted, non-streamed request relayed to its first plane on a kept-alive
+    connection from callbacks (the server's ``Exchange``, the connection's ``Listener``):
+    the answer goes out in one write when it is whole (a long one as it comes, pausing the
+    plane when the client is slow). What the task path would do differently is handed
+    over to it before any byte reached the client: a 429/502/503 with another plane ranked
+    (that plane is tried next), the plane ejected or the head deadline passed before the
+    head (the next plane), or the kept-alive connection found closed (the task path opens a
+    fresh one, and ejects the plane if that fails). Once the plane sent bytes the request
+    may have run: a break then is answered 502 (or, with the head already out, the client's
+    connection is closed), never retried."""
+
+    def __init__(
+        self,
+        app: GatewayApp,
+        admitted: Admitted,
+        conn: Connection,
+        choice: Choice,
+        ranked: Ranked,
+        plane: Plane,
+        upstream: UpstreamConnection,
+    ) -> None:
+        self.app, self.a, self.conn = app, admitted, conn
+        self.choice, self.ranked, self.plane, self.upstream = choice, ranked, plane, upstream
+        self.attempt = Attempt(admitted.model, admitted.asked)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.sent = 0
+        self.head_s = 0.0
+        self.streaming = False
+        """The head went out before the end (a long answer): chunks are written as they come."""
+        self.full = False
+        self.over = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        a, plane, upstream = self.a, self.plane, self.upstream
+        plane.attempts.add(self.attempt)
+        self.attempt.cancel = upstream.abort
+        crossing = b"1" if _crosses(self.choice, self.ranked) else b"0"
+        raw = plane.pool.encode("POST", a.path, [*a.forward, (CROSS_REGION, crossing)], a.body)
+        timeout = self.app.config.head_timeout_s
+        if timeout is not None:
+            self.timer = asyncio.get_running_loop().call_later(
+                timeout, upstream.abort, f"no response within {timeout}s"
+            )
+        upstream.relay(raw, self)
+
+    # --- the plane's side -----------------------------------------------------------------
+    def on_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.over:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        app, plane = self.app, self.plane
+        if status in _NEXT_PLANE_STATUS and len(self.choice.ranked) > 1:
+            self._leave()
+            app.metrics.failovers.labels(f"status_{status}").inc()
+            app.hand_over(self.conn, self.a, {plane.cluster})
+            return
+        self.head_s = time.perf_counter() - self.a.arrived
+        attempt = self.attempt
+        attempt.started, attempt.cut = True, self.upstream.cut
+        attempt.alive_at = app.state.clock()
+        self.status = status
+        out = [(n, v) for n, v in headers if n not in _DROP_RESPONSE]
+        out += (
+            (b"x-request-id", self.a.head.request_id),
+            (b"x-gpufleet-plane", plane.cluster.encode()),
+            (b"x-gpufleet-route", app._route_header(self.ranked)),
+        )
+        self.headers = out
+
+    def on_chunk(self, chunk: bytes) -> None:
+        if self.over:
+            return
+        if self.streaming:
+            self.sent += len(chunk)
+            self.full = self.conn.emit(
+                {"type": "http.response.body", "body": chunk, "more_body": True}
+            )
+        else:
+            self.chunks.append(chunk)
+            self.buffered += len(chunk)
+
+    def on_read(self) -> None:
+        if self.over or not self.status:
+            return
+        if not self.streaming and self.buffered > _WHOLE_BYTES:
+            self.streaming = True
+            body = b"".join(self.chunks)
+            self.chunks, self.sent = [], len(body)
+            self.conn.emit(
+                {"type": "http.response.start", "status": self.status, "headers": self.headers}
+            )
+            self.full = self.conn.emit(
+                {"type": "http.response.body", "body": body, "more_body": True}
+            )
+        if self.full:
+            self.upstream.pause_reading()
+
+    def on_end(self) -> None:
+        if self.over:
+            return
+        self._leave(keep=True)
+        conn = self.conn
+        if self.streaming:
+            conn.emit({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+            self.sent = len(body)
+            headers = [*self.headers, (b"content-length", b"%d" % len(body))]
+            conn.emit({"type": "http.response.start", "status": self.status, "headers": headers})
+            conn.emit({"type": "http.response.body", "body": body, "more_body": False})
+        conn.done()
+        self._account(self.status)
+
+    def on_error(self, exc: UpstreamError) -> None:
+        if self.over:
+            return
+        app, plane = self.app, self.plane
+        self._leave()
+        if exc.before_first_byte:  # nothing of an answer came: it ran nowhere
+            if isinstance(exc, UpstreamAborted):  # ejected, or the head deadline passed
+                if not plane.health.ejected:
+                    app.state.failed(plane.cluster, str(exc))
+                app.metrics.failovers.labels("before_first_byte").inc()
+                app.hand_over(self.conn, self.a, {plane.cluster})
+            else:  # the kept-alive connection was closed: the task path opens a fresh one
+                app.hand_over(self.conn, self.a, set())
+            return
+        token = bind_request_id(self.a.head.request_id.decode())
+        log.warning("plane %s failed while answering: %s", plane.cluster, exc)
+        unbind_request_id(token)
+        if self.streaming:  # the head is out: the client must not take a cut body for whole
+            self.conn.abort(b"")
+        else:
+            message = (
+                f"plane {plane.cluster} failed while answering ({exc}); the request may "
+                "have run there: send it again"
+            )
+            body = errors.error_body(message, "upstream_error", "upstream_failed")
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"x-request-id", self.a.head.request_id),
+                (b"x-gpufleet-plane", plane.cluster.encode()),
+            ]
+            self.conn.emit({"type": "http.response.start", "status": 502, "headers": headers})
+            self.conn.emit({"type": "http.response.body", "body": body, "more_body": False})
+        self.conn.done()
+        self._account(502)
+
+    # --- the client's side ----------------------------------------------------------------
+    def client_gone(self) -> None:
+        if self.over:
+            return
+        self._leave()
+        self._account(499)
+
+    def resume(self) -> None:
+        if self.full and not self.over:
+            self.full = False
+            self.upstream.resume_reading()
+
+    def _account(self, status: int) -> None:
+        """The metrics and the log line, once the client has its answer."""
+        token = bind_request_id(self.a.head.request_id.decode())
+        try:
+            self.app._served(self.a, self.plane.cluster, status, self.head_s, self.sent)
+        finally:
+            unbind_request_id(token)
+
+    def _leave(self, keep: bool = False) -> None:
+        """Done with the plane: the connection back to its pool (``keep``, when reusable)
+        or closed."""
+        self.over = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.plane.attempts.discard(self.attempt)
+        if keep and self.upstream.reusable:
+            self.plane.pool.put_back(self.upstream)
+        else:
+            self.upstream.close()
 
 
 def _jurisdictions(head: RequestHead, grant: KeyGrant | None) -> frozenset[str] | None:

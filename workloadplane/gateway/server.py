@@ -58,7 +58,8 @@ async def serve_gateway(
         max_headers=config.max_headers,
         max_header_bytes=config.max_header_bytes,
     )
-    server = HttpServer(GatewayApp(state, config), limits=limits)
+    app = GatewayApp(state, config)
+    server = HttpServer(app, limits=limits, fast=app.fast)
     prober = PlaneProber(
         state, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s
     )

@@ -7,6 +7,11 @@ head out before any body (SSE) sends an empty body message with ``more_body`` ri
 ``http.response.start``; under other ASGI servers that message is a no-op.
 
 Per connection one request runs at a time; pipelined ones wait, answered in order.
+
+A server may also take a ``fast`` handler: called for each request before any task is made,
+it may answer the request itself from callbacks (``Connection.emit``, then ``done``: no task,
+no awaits — the gateway relays a plane's answer this way) or ``hand_over`` to a coroutine,
+which then runs as the app would; ``None`` runs the app.
 ``receive()`` returns the whole body first, then waits until the client disconnects
 (``http.disconnect``). Sends after a disconnect are dropped.
 
@@ -26,7 +31,7 @@ import http
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import httptools
@@ -37,9 +42,9 @@ log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
-App = Callable[
-    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
-]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _STATUS = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in http.HTTPStatus}
 _DISCONNECT: Message = {"type": "http.disconnect"}
@@ -66,6 +71,31 @@ class Limits:
     max_header_bytes: int | None = None
 
 
+class Exchange(Protocol):
+    """A request a ``fast`` handler answers from callbacks."""
+
+    def client_gone(self) -> None:
+        """The client's connection closed before ``Connection.done``."""
+
+    def resume(self) -> None:
+        """The client's connection drained after ``Connection.emit`` said it was full."""
+
+
+Handler = Callable[[Receive, Send], Awaitable[None]]
+Fast = Callable[[Scope, bytes, "Connection"], "Exchange | None"]
+
+
+class _Deciding:
+    def client_gone(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+
+_DECIDING = _Deciding()
+
+
 class _Rejected(Exception):
     """Raised from a parser callback to stop parsing a request that broke a limit."""
 
@@ -86,7 +116,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One client connection: parses requests, runs the app for each, writes responses."""
 
     def __init__(self, server: HttpServer) -> None:
@@ -98,6 +128,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.seen = True  # data arrived since the last idle sweep
         self.task: asyncio.Task[None] | None = None
+        self.exchange: Exchange | None = None
+        """The request a ``fast`` handler is answering from callbacks."""
+        self._scope_now: Scope = {}
         self.pending: collections.deque[tuple[Scope, bytes, bool]] = collections.deque()
         # the request being parsed
         self._url = b""
@@ -137,6 +170,9 @@ class _Connection(asyncio.Protocol):
         if self._gone is not None and not self._gone.done():
             self._gone.set_result(None)
         self._resume_writing()
+        if self.exchange is not None:
+            exchange, self.exchange = self.exchange, None
+            exchange.client_gone()
 
     def data_received(self, data: bytes) -> None:
         self.seen = True
@@ -150,13 +186,13 @@ class _Connection(asyncio.Protocol):
             if self.pending:
                 scope, body, _ = self.pending.pop()
                 self.pending.append((scope, body, False))
-            elif self.task is not None:
+            elif self.busy:
                 self._keep_alive = False
             else:
                 self.abort(_BAD_REQUEST)
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _Rejected) and self._rejection is not None:
-                if self.task is None and not self.pending:
+                if not self.busy and not self.pending:
                     self._reject_now()
                 elif self.transport is not None and not self._reading_paused:
                     self._reading_paused = True  # answered once the requests before it are
@@ -271,7 +307,7 @@ class _Connection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = (self._scope, body, self._keep_alive_parsed)
         self._scope = None
-        if self.task is None:
+        if not self.busy:
             self._start(*request)
         else:  # pipelined: answer in order, and read no further meanwhile
             self.pending.append(request)
@@ -280,22 +316,64 @@ class _Connection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     # --- one request ----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """A request is being answered (by a task or from callbacks)."""
+        return self.task is not None or self.exchange is not None
+
     def _start(self, scope: Scope, body: bytes, keep_alive: bool) -> None:
         self._request_body, self._body_taken = body, False
         self._keep_alive, self._head_only = keep_alive, scope["method"] == "HEAD"
         self._head, self._started, self._finished = b"", False, False
+        self._scope_now = scope
+        fast = self.server.fast
+        if fast is not None:
+            self.exchange = _DECIDING  # busy while the handler decides
+            try:
+                exchange = fast(scope, body, self)
+            except Exception:
+                log.exception("router app failed on %s %s", scope["method"], scope["path"])
+                exchange = None
+                self.done()
+            if self.exchange is not _DECIDING:
+                return  # handed over, or answered (and maybe the next one started)
+            self.exchange = exchange
+            if exchange is not None:
+                return
         self.task = self.loop.create_task(self._run(scope))
 
-    async def _run(self, scope: Scope) -> None:
+    def hand_over(self, handler: Handler) -> None:
+        """From a ``fast`` handler (or its exchange, before it emitted anything): answer
+        the request with ``handler`` as a task, as the app would. The fast handler had the
+        body: the handler's ``receive`` only says when the client disconnects."""
+        self.exchange = None
+        self._body_taken, self._request_body = True, b""
+        self.task = self.loop.create_task(self._run(self._scope_now, handler))
+
+    def done(self) -> None:
+        """From a ``fast`` exchange, once its whole response was emitted (or it aborted)."""
+        self.exchange = None
+        if self.task is None:
+            self._after()
+
+    async def _run(self, scope: Scope, handler: Handler | None = None) -> None:
         try:
-            await self.server.app(scope, self.receive, self.send)
+            if handler is None:
+                await self.server.app(scope, self.receive, self.send)
+            else:
+                await handler(self.receive, self.send)
         except Exception:
             log.exception("router app failed on %s %s", scope["method"], scope["path"])
+        self.task = None
+        self._after()
+
+    def _after(self) -> None:
+        """A request was answered (or failed): the next one, or what waited on it."""
         if not self._finished and not self.closed:  # failed, or no whole response
+            scope = self._scope_now
             log.error("no whole response to %s %s", scope["method"], scope["path"])
             wrote = self._started and not self._head
             self.abort(b"" if wrote else _SERVER_ERROR)
-        self.task = None
         if self.closed:
             return
         if self.pending:
@@ -321,13 +399,19 @@ class _Connection(asyncio.Protocol):
         return _DISCONNECT
 
     async def send(self, message: Message) -> None:
+        if self.emit(message):
+            await self._wait_drained()
+
+    def emit(self, message: Message) -> bool:
+        """``send`` without waiting: True when the client's side is full (wait for
+        ``Exchange.resume`` before emitting more)."""
         kind = message["type"]
         if kind == "http.response.start":
             self._head = self._encode_head(message)
             self._started = True
-            return
+            return False
         if kind != "http.response.body":
-            return
+            return False
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
         out, self._head = self._head, b""
@@ -342,15 +426,15 @@ class _Connection(asyncio.Protocol):
             out = out + body if out else body
         if self.closed or self.transport is None:
             self._finished = self._finished or not more
-            return
+            return False
         if out:
             self.transport.write(out)
         if not more:
             self._finished = True
             if not self._keep_alive:
                 self.transport.close()
-        elif self._paused:
-            await self._wait_drained()
+            return False
+        return self._paused
 
     def _encode_head(self, message: Message) -> bytes:
         status: int = message["status"]
@@ -372,7 +456,7 @@ class _Connection(asyncio.Protocol):
 
     # --- helpers ----------------------------------------------------------------------------
     def _send_continue(self) -> None:
-        if self._continue_owed and self.task is None and not self.pending and self.transport:
+        if self._continue_owed and not self.busy and not self.pending and self.transport:
             self._continue_owed = False
             self.transport.write(_CONTINUE)
 
@@ -388,13 +472,15 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        if self.exchange is not None and not self.closed:
+            self.exchange.resume()
 
     async def _wait_drained(self) -> None:
         self._drained = self.loop.create_future()
         await self._drained
 
     def close_if_idle(self) -> bool:
-        if self.task is None and not self.pending:
+        if not self.busy and not self.pending:
             self.abort(b"")
             return True
         return False
@@ -405,12 +491,18 @@ class HttpServer:
     ``keep_alive_s`` to ``2 × keep_alive_s``."""
 
     def __init__(
-        self, app: App, *, keep_alive_s: float = 15.0, limits: Limits | None = None
+        self,
+        app: App,
+        *,
+        keep_alive_s: float = 15.0,
+        limits: Limits | None = None,
+        fast: Fast | None = None,
     ) -> None:
         self.app = app
+        self.fast = fast
         self.keep_alive_s = keep_alive_s
         self.limits = limits or Limits()
-        self.connections: set[_Connection] = set()
+        self.connections: set[Connection] = set()
         self.loop: asyncio.AbstractEventLoop  # set by start()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -418,7 +510,7 @@ class HttpServer:
     async def start(self, host: str, port: int) -> None:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+            lambda: Connection(self), host, port, backlog=4096, reuse_address=True
         )
         self._sweeper = self.loop.create_task(self._sweep(), name="router-http-idle")
 
@@ -438,6 +530,11 @@ class HttpServer:
             self._server.close()
         for conn in list(self.connections):
             conn.close_if_idle()
+        deadline = self.loop.time() + grace_s
+        while any(c.exchange is not None for c in self.connections):
+            if self.loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.01)  # exchanges answered from callbacks: nothing to await
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=grace_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
 
 import httptools
 
@@ -35,6 +36,22 @@ class UpstreamAborted(UpstreamError):
 Abort = Callable[[str], None]
 
 
+class Listener(Protocol):
+    """Takes an exchange's response from the connection's callbacks (``Connection.relay``):
+    no task, no future. Exactly one of ``on_end`` and ``on_error`` ends it."""
+
+    def on_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    def on_chunk(self, chunk: bytes) -> None: ...
+
+    def on_read(self) -> None:
+        """After each read from the socket (its chunks were handed over)."""
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, exc: UpstreamError) -> None: ...
+
+
 def host_port(endpoint: str) -> tuple[str, int]:
     """``http://host:port/...`` → (host, port)."""
     rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
@@ -42,7 +59,10 @@ def host_port(endpoint: str) -> tuple[str, int]:
     return (host or "127.0.0.1"), int(port or 80)
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
+    """One keep-alive connection to the upstream: an exchange is awaited (``begin``, then
+    ``body``) or handed to a ``Listener`` (``relay``)."""
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -58,6 +78,8 @@ class _Connection(asyncio.Protocol):
         self._got_bytes = False
         self._aborted: str | None = None  # aborted while still connecting
         self._connecting: asyncio.Task[object] | None = None
+        self._listener: Listener | None = None
+        self._head_came = False
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,16 +103,24 @@ class _Connection(asyncio.Protocol):
             self._fail(UpstreamError(f"bad response: {exc}", before_first_byte=False))
             if self.transport is not None:
                 self.transport.close()
+        if self._listener is not None:
+            self._listener.on_read()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        if self._head is not None and not self._head.done():
+        self._head_came = True
+        if self._listener is not None:
+            self._listener.on_head(self.status, self.headers)
+        elif self._head is not None and not self._head.done():
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._listener is not None:
+            self._listener.on_chunk(body)
+            return
         self._chunks.append(body)
         self._notify()
 
@@ -99,6 +129,10 @@ class _Connection(asyncio.Protocol):
         # should_keep_alive() is False for every response (each request paid a new connection)
         self._keep_alive = self.parser.should_keep_alive()
         self._done = True
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.on_end()
+            return
         self._notify()
 
     # --- helpers ------------------------------------------------------------------------
@@ -106,8 +140,12 @@ class _Connection(asyncio.Protocol):
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: UpstreamError) -> None:
         self._error = exc
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.on_error(exc)
+            return
         if self._head is not None and not self._head.done():
             self._head.set_exception(exc)
         self._notify()
@@ -116,7 +154,11 @@ class _Connection(asyncio.Protocol):
         """Fail the exchange waiting for its head and close the connection (the replica
         sees the client go); no-op once the head came. Before ``begin`` (connecting), the
         exchange fails at once (a silent host never completes the connect) or as it begins."""
-        if self._head is None:
+        if self._listener is not None:
+            if not self._head_came:
+                self._fail(UpstreamAborted(reason))
+                self.close()
+        elif self._head is None:
             self._aborted = reason
             if self._connecting is not None:
                 self._connecting.cancel()
@@ -127,7 +169,12 @@ class _Connection(asyncio.Protocol):
     def cut(self, reason: str) -> None:
         """End a response whose head came but whose body has not: its reader gets
         ``UpstreamError`` (bytes came: no retry) and the connection is closed."""
-        if self._head is not None and self._head.done() and not self._done and not self.closed:
+        came = (
+            self._head_came
+            if self._listener is not None
+            else self._head is not None and self._head.done()
+        )
+        if came and not self._done and not self.closed:
             self._fail(UpstreamError(reason, before_first_byte=False))
             self.close()
 
@@ -148,10 +195,25 @@ class _Connection(asyncio.Protocol):
         finally:
             self._connecting = None
 
-    def begin(self, request: bytes) -> asyncio.Future[None]:
-        assert self.transport is not None
+    def _reset(self) -> None:
         self.headers, self.status, self._chunks = [], 0, collections.deque()
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
+        self._head_came = False
+
+    def relay(self, request: bytes, listener: Listener) -> None:
+        """Send ``request`` (an idle connection's, from ``UpstreamPool.take_idle``); the
+        response goes to ``listener`` as it arrives. ``abort`` and ``cut`` work as for
+        ``begin``; give the connection back with ``UpstreamPool.put_back`` once it ended
+        and is ``reusable``."""
+        assert self.transport is not None
+        self._reset()
+        self._head = None
+        self._listener = listener
+        self.transport.write(request)
+
+    def begin(self, request: bytes) -> asyncio.Future[None]:
+        assert self.transport is not None
+        self._reset()
         self._head = asyncio.get_running_loop().create_future()
         if self._aborted is not None:
             self._fail(UpstreamAborted(self._aborted))
@@ -182,6 +244,14 @@ class _Connection(asyncio.Protocol):
         self._chunks.clear()
         return rest
 
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
     @property
     def reusable(self) -> bool:
         return self._done and self._keep_alive and not self.closed
@@ -195,7 +265,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An upstream response whose head has arrived; iterate ``body()`` then ``release()``."""
 
-    def __init__(self, pool: UpstreamPool, conn: _Connection) -> None:
+    def __init__(self, pool: UpstreamPool, conn: Connection) -> None:
         self._pool, self._conn = pool, conn
         self._released = False
         self.status = conn.status
@@ -238,18 +308,26 @@ class UpstreamPool:
 
     def __init__(self, host: str, port: int, *, max_idle: int = 256) -> None:
         self.host, self.port, self.max_idle = host, port, max_idle
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self.connections_opened = 0
         """New connections made so far (keep-alive works when this stays low)."""
         self._host_header = f"{host}:{port}".encode()
 
-    def put_back(self, conn: _Connection) -> None:
+    def take_idle(self) -> Connection | None:
+        """A kept-alive connection for ``Connection.relay`` (None: none is idle)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def put_back(self, conn: Connection) -> None:
         if len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.close()
 
-    def _encode(self, method: str, path: str, headers: Headers, body: bytes) -> bytes:
+    def encode(self, method: str, path: str, headers: Headers, body: bytes) -> bytes:
         lines = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", self._host_header, b"\r\n"]
         for name, value in headers:
             lines += [name, b": ", value, b"\r\n"]
@@ -274,7 +352,7 @@ class UpstreamPool:
 
         ``on_abortable`` gets a function that aborts the exchange before its head came
         (``UpstreamAborted``): the connection is closed, no task is needed to cancel it."""
-        raw = self._encode(method, path, headers, body)
+        raw = self.encode(method, path, headers, body)
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:
@@ -287,7 +365,7 @@ class UpstreamPool:
                 if not exc.before_first_byte:
                     raise
                 # a keep-alive connection the replica had closed: try a fresh one
-        conn = _Connection()
+        conn = Connection()
         self.connections_opened += 1
         if on_abortable is not None:  # also while connecting: ejection must reach it
             on_abortable(conn.abort)
@@ -296,7 +374,7 @@ class UpstreamPool:
 
     async def _exchange(
         self,
-        conn: _Connection,
+        conn: Connection,
         raw: bytes,
         head_timeout: float | None,
         on_abortable: Callable[[Abort], None] | None,

@@ -98,7 +98,7 @@ def test_routes_to_the_nearest_plane_and_says_why(fleet: Fleet):
     assert "expected ttft" in answer.headers["x-gpufleet-route"]
     assert answer.headers["x-request-id"]
     eu = post(fleet, **{"x-gpufleet-client-region": "eu-central"})
-    assert eu.headers["x-gpufleet-plane"] == "de"
+    assert eu.headers["x-gpufleet-plane"] == "de", eu.headers["x-gpufleet-route"]
     assert fleet.ranked("g2", "chat")[0] == "de"
     missing = httpx.post(f"{fleet.url('g1')}/v1/chat/completions", json={"model": "nope"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"

@@ -1,0 +1,287 @@
+"""The gateway's callback path (``GatewayApp.fast`` → ``_Relay``) on real sockets: a real
+``HttpServer`` with the gateway app in front of scripted planes (asyncio servers on
+localhost that answer, refuse, hang or break as each test says). A non-streamed request
+whose first plane has a kept-alive connection takes this path; each test warms that
+connection first, then checks what a client sees when the plane misbehaves."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httptools
+import pytest
+
+from controlplane.contracts import DeploymentRoute, PlaneRoute, RegionPoint, RoutingTable
+from workloadplane.gateway.app import GatewayApp, GatewayConfig
+from workloadplane.gateway.state import GatewayState, RoutesStore
+from workloadplane.router.httpserver import HttpServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ANSWER = json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
+
+
+class ScriptedPlane(asyncio.Protocol):
+    """One connection to a scripted plane: each whole request takes the next action."""
+
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.plane.connections.append(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.plane.closed += 1
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self.plane.requests += 1
+        kind, arg = self.plane.script.popleft() if self.plane.script else ("ok", ANSWER)
+        assert self.transport is not None
+        if kind == "ok":
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nx-plane: %s\r\n\r\n%s"
+                % (len(arg), self.plane.name.encode(), arg)
+            )
+        elif kind == "status":
+            self.transport.write(
+                b"HTTP/1.1 %d Busy\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+                % int(arg)
+            )
+        elif kind == "close":  # read the request, answer nothing
+            self.transport.close()
+        elif kind == "partial":  # a head promising 100 bytes, 10 of them, then gone
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+            self.transport.close()
+        # "hang": nothing
+
+
+class Plane:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.script: collections.deque[tuple[str, bytes]] = collections.deque()
+        """(action, its argument): ("ok", body), ("status", b"429"), ("close", b""),
+        ("partial", b""), ("hang", b"")."""
+        self.connections: list[ScriptedPlane] = []
+        self.requests = 0
+        self.closed = 0
+        self.port = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: ScriptedPlane(self), "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for c in self.connections:
+            if c.transport is not None:
+                c.transport.close()
+
+
+class Front:
+    """The gateway as ``gpufleet gateway`` serves it (``HttpServer(fast=app.fast)``) over
+    planes ``a`` (near, ranked first) and ``b`` (far)."""
+
+    def __init__(self, tmp: Path, a: Plane, b: Plane) -> None:
+        self.clock_now = 100.0
+        self.state = GatewayState("near", lambda: self.clock_now, RoutesStore(tmp))
+        regions = [
+            RegionPoint(name="near", latitude=0, longitude=0, jurisdiction="US"),
+            RegionPoint(name="far", latitude=0, longitude=90, jurisdiction="US"),
+        ]
+        planes = [
+            PlaneRoute(cluster=p.name, endpoint=f"http://127.0.0.1:{p.port}", region=r.name,
+                       jurisdiction="US", latitude=r.latitude, longitude=r.longitude, replicas=1)
+            for p, r in ((a, regions[0]), (b, regions[1]))
+        ]  # fmt: skip
+        table = RoutingTable(
+            generation=1,
+            deployments=[DeploymentRoute(name="chat", planes=planes)],
+            regions=regions,
+        )
+        assert self.state.apply_table(table.model_dump_json().encode())
+        self.app = GatewayApp(self.state, GatewayConfig())
+        self.server = HttpServer(self.app, fast=self.app.fast)
+        self.port = 0
+
+    async def start(self) -> None:
+        await self.server.start("127.0.0.1", 0)
+        assert self.server._server is not None
+        self.port = self.server._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        await self.server.close(grace_s=0.5)
+        self.state.close()
+
+
+class Client:
+    """One keep-alive client connection, reading whole responses."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def send(self, body: dict[str, object] | None = None, extra: bytes = b"") -> None:
+        raw = json.dumps(body or {"model": "chat", "messages": []}).encode()
+        self.writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"%scontent-length: %d\r\n\r\n%s" % (extra, len(raw), raw)
+        )
+
+    async def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+        if b"content-length" in headers:
+            body = await self.reader.readexactly(int(headers[b"content-length"]))
+        else:  # chunked
+            parts = []
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
+                chunk = await self.reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(chunk[:-2])
+            body = b"".join(parts)
+        return status, headers, body
+
+    async def ask(
+        self, body: dict[str, object] | None = None
+    ) -> tuple[int, dict[bytes, bytes], bytes]:
+        self.send(body)
+        return await self.answer()
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Front, Plane, Plane, Client]]:
+    a, b = Plane("a"), Plane("b")
+    await a.start()
+    await b.start()
+    front = Front(tmp_path, a, b)
+    await front.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+    client = Client(reader, writer)
+    status, headers, _ = await client.ask()  # opens the kept-alive connection to a
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
+    try:
+        yield front, a, b, client
+    finally:
+        writer.close()
+        await front.close()
+        a.close()
+        b.close()
+
+
+async def test_an_answer_comes_whole_with_the_route_headers_on_the_kept_alive_connection(fleet):
+    front, a, _, client = fleet
+    client.send(extra=b"x-request-id: req-42\r\n")
+    status, headers, body = await client.answer()
+    assert status == 200 and body == ANSWER
+    assert headers[b"x-gpufleet-plane"] == b"a" and headers[b"x-request-id"] == b"req-42"
+    assert headers[b"x-gpufleet-route"] and headers[b"x-plane"] == b"a"
+    assert headers[b"content-length"] == b"%d" % len(ANSWER)
+    assert front.state.planes["a"].pool.connections_opened == 1  # kept alive, reused
+    assert a.requests == 2
+    served = front.state.metrics.registry.get_sample_value(
+        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "200"}
+    )
+    assert served == 2
+
+
+async def test_pipelined_requests_are_answered_in_order(fleet):
+    _, a, _, client = fleet
+    a.script.extend([("ok", b'{"n": 1}'), ("ok", b'{"n": 2}')])
+    client.send()
+    client.send()
+    assert (await client.answer())[2] == b'{"n": 1}'
+    assert (await client.answer())[2] == b'{"n": 2}'
+
+
+async def test_a_429_before_any_byte_moves_the_request_to_the_next_plane(fleet):
+    front, a, b, client = fleet
+    a.script.append(("status", b"429"))
+    status, headers, _ = await client.ask()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"b"
+    assert not front.state.planes["a"].health.ejected  # busy is not dead
+    assert b.requests == 1
+
+
+async def test_a_kept_alive_connection_closed_under_the_request_is_replaced_not_failed(fleet):
+    front, a, b, client = fleet
+    a.script.append(("close", b""))  # the plane closed it as the request arrived
+    status, headers, _ = await client.ask()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"  # on a fresh connection
+    assert front.state.planes["a"].pool.connections_opened == 2
+    assert not front.state.planes["a"].health.ejected and b.requests == 0
+
+
+async def test_a_waiting_request_moves_when_its_plane_is_taken_out_of_rotation(fleet):
+    front, a, _, client = fleet
+    a.script.append(("hang", b""))
+    client.send()
+    while a.requests < 2:  # it reached the plane, which says nothing
+        await asyncio.sleep(0.005)
+    front.state.failed("a", "probe timed out")
+    status, headers, body = await client.answer()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"b" and body == ANSWER
+    assert not front.state.planes["a"].attempts
+
+
+async def test_a_plane_that_breaks_after_sending_bytes_gets_a_502_not_a_retry(fleet):
+    _, a, b, client = fleet
+    a.script.append(("partial", b""))
+    status, headers, body = await client.ask()
+    assert status == 502 and headers[b"x-gpufleet-plane"] == b"a"
+    error = json.loads(body)["error"]
+    assert error["code"] == "upstream_failed" and "send it again" in error["message"]
+    assert b.requests == 0  # it may have run on a: never run twice
+
+
+async def test_a_long_answer_goes_through_whole(fleet):
+    _, a, _, client = fleet
+    long = json.dumps({"data": "x" * (3 * 1024 * 1024)}).encode()
+    a.script.append(("ok", long))
+    status, _, body = await client.ask()
+    assert status == 200 and body == long
+
+
+async def test_a_client_that_leaves_closes_its_request_at_the_plane(fleet):
+    front, a, _, client = fleet
+    a.script.append(("hang", b""))
+    client.send()
+    while a.requests < 2:
+        await asyncio.sleep(0.005)
+    closed = a.closed
+    client.writer.close()
+    while a.closed == closed:  # the plane sees the request's connection go
+        await asyncio.sleep(0.005)
+    assert not front.state.planes["a"].attempts
+    gone = front.state.metrics.registry.get_sample_value(
+        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "499"}
+    )
+    assert gone == 1
+
+
+async def test_a_refused_request_gets_its_error_on_the_same_connection(fleet):
+    _, a, _, client = fleet
+    status, _, body = await client.ask({"model": "nope"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+    status, headers, _ = await client.ask()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a" and a.requests == 2
