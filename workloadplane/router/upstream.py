@@ -317,7 +317,8 @@ class UpstreamPool:
         """A kept-alive connection for ``Connection.relay`` (None: none is idle)."""
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed:
+            transport = conn.transport
+            if not conn.closed and transport is not None and not transport.is_closing():
                 return conn
         return None
 
