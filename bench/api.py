@@ -2,7 +2,9 @@
 
 Reads: GET one pool by name. Writes: PATCH a pool's GPU count (a real change each time: new
 generation plus an audit entry, committed). Both servers run as the same uvicorn command.
-Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s.
+Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s. Last measured (3 Dec 2026, cores shared
+with other test runs, bare FastAPI 1,441–2,097/s): reads 473–619/s, writes 48–69/s, FAIL; no
+quiet-machine figure yet for the async reads and Core audit INSERT (docs/api.md, Performance).
 """
 
 from __future__ import annotations
