@@ -35,6 +35,8 @@ def bool_for_number(annotation: Any, value: Any) -> bool:
     """True when `value` is a bool (or holds one) where `annotation` wants numbers."""
     if isinstance(value, bool):
         return is_number(annotation)
+    if not isinstance(value, list | dict):  # nothing could hold a bool: skip the annotation
+        return False
     origin, args = get_origin(_bare(annotation)), get_args(_bare(annotation))
     if origin is list and args and is_number(args[0]) and isinstance(value, list):
         return any(isinstance(v, bool) for v in value)
@@ -46,6 +48,8 @@ def bool_for_number(annotation: Any, value: Any) -> bool:
 def control_character(value: Any) -> str | None:
     """The first disallowed control character in a string, or in a list's or dict's strings."""
     if isinstance(value, str):
+        if value.isprintable():  # no Cc in it (they are all unprintable): skip the scan
+            return None
         return next(
             (c for c in value if unicodedata.category(c) == "Cc" and c not in ALLOWED_CONTROLS),
             None,

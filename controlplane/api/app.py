@@ -31,7 +31,12 @@ from controlplane.api.schemas import HealthOut
 from controlplane.api.shadows import shadows_router
 from controlplane.api.webhookmetrics import WebhookCollector
 from controlplane.dashboard.app import install as install_dashboard
-from controlplane.db.session import make_engine, make_read_session_factory, make_session_factory
+from controlplane.db.session import (
+    make_engine,
+    make_read_engine,
+    make_read_session_factory,
+    make_session_factory,
+)
 from controlplane.errors import (
     BadRequest,
     ControlPlaneError,
@@ -259,6 +264,7 @@ def create_app(
     install_openapi(app)
     app.state.session_factory = factory
     app.state.read_session_factory = make_read_session_factory(factory.kw["bind"])
+    app.state.read_engine = make_read_engine(factory.kw["bind"])
     app.state.settings = settings
     app.state.verifier = TokenVerifier(factory)
     app.state.rendered = Rendered()

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fastapi import Request
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from controlplane.errors import BadRequest
@@ -26,6 +27,13 @@ def read_scope(request: Request) -> Iterator[Session]:
     """A read-only session in autocommit mode: one round trip per query, nothing to commit."""
     with request.app.state.read_session_factory() as session:
         yield session
+
+
+@contextmanager
+def read_connection(request: Request) -> Iterator[Connection]:
+    """A Core connection in autocommit mode, for reads that need no ORM session."""
+    with request.app.state.read_engine.connect() as connection:
+        yield connection
 
 
 def actor_of(request: Request) -> Actor:

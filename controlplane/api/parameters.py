@@ -15,6 +15,8 @@ from controlplane.errors import FieldError, InvalidSpec
 
 def control_character_in(text: str) -> str | None:
     """The first control character (Unicode category Cc: NUL, newline, DEL…) in `text`."""
+    if text.isprintable():  # no Cc in it (they are all unprintable): skip the per-char scan
+        return None
     return next((c for c in text if unicodedata.category(c) == "Cc"), None)
 
 

@@ -18,9 +18,14 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def make_read_engine(engine: Engine) -> Engine:
+    """The engine for reads only: autocommit, so no BEGIN/COMMIT round trips per request."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def make_read_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions for reads only: autocommit, so no BEGIN/COMMIT round trips per request."""
-    return sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"))
+    """Sessions for reads only, on `make_read_engine(engine)`."""
+    return sessionmaker(make_read_engine(engine))
 
 
 @contextmanager
