@@ -2,9 +2,13 @@
 
 Reads: GET one pool by name. Writes: PATCH a pool's GPU count (a real change each time: new
 generation plus an audit entry, committed). Both servers run as the same uvicorn command.
-Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s. Last measured (3 Dec 2026, cores shared
-with other test runs, bare FastAPI 1,441–2,097/s): reads 473–619/s, writes 48–69/s, FAIL; no
-quiet-machine figure yet for the async reads and Core audit INSERT (docs/api.md, Performance).
+Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s. Last measured (3 Dec 2026, 16:05–16:13,
+nothing else running, but the machine itself slower than in the morning: bare FastAPI
+1,968–2,462/s against 3,596/s at 15:05): reads 976 / 1,256 / 1,069 per second, writes 62 / 45 /
+86 per second: FAIL on writes (and on reads in one run of three); `main` before the async reads, in the same
+window: reads 349/s. One connection: a write takes 8.7 ms (p50), of which the service's
+`patch` ~7.4 ms wall, 5.7 ms CPU (SQLAlchemy's ORM: the joined SELECT … FOR UPDATE, the
+flush). docs/api.md, Performance.
 """
 
 from __future__ import annotations
