@@ -22,10 +22,12 @@ targets, else FAIL (bench/support/headline.py); the exit status is
 non-zero on FAIL. About 4 minutes on 2 busy cores; ``--quick`` runs shorter loads (~3);
 ``--only a`` runs (a) alone (~40 s; ``--rounds N`` sets its rounds).
 
-(a) at gw ``d8d422f`` (2026-12-03, load average 2-5 from other work), three ``--only a``
-runs: gateway 0.74 / 0.65 / 0.70 ms vs HAProxy 0.29 / 0.20 / 0.23 ms (2.56x / 3.35x /
-2.99x: FAIL); the code before the hot-path work, interleaved in the same runs: 0.76-1.0 ms.
-Where the rest goes: docs/gateway.md, Benchmark.
+(a) also prints a bare Python relay (bench/support/bare_relay.py) to the same plane as
+``direct``: the floor for a Python front on these cores, not a target. (a) on main,
+2026-12-03 16:30 (nothing else running; the machine slower than in the morning), after
+non-streamed requests moved to the callback path: gateway 0.73 / 0.89 ms vs HAProxy 0.38 /
+0.51 ms (1.93x / 1.74x: FAIL), bare Python relay 0.52 / 0.62 ms (1.37x / 1.22x). Where the rest
+goes: docs/gateway.md, Benchmark.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import dataclasses
 import math
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +56,7 @@ from bench.support.haproxy import HAProxy
 from bench.support.headline import verdict
 from bench.support.planes import Network, Plane, PlaneSpec
 from controlplane.contracts import RegionPoint
+from controlplane.local.ports import wait_for_port
 from workloadplane.router.upstream import UpstreamPool
 from workloadplane.runtime.process import free_port
 
@@ -76,6 +80,7 @@ RATE, GEO_LOAD = 100.0, 1.5  # req/s in (b), (c); (d): × the nearest plane's ca
 SHIFT_WINDOW_S = 3.0
 GEO_WARM_S = 2.0
 SERVICE_S = 17 / 50  # a request's 16 tokens and its prefill, one engine step each
+BARE_RELAY = Path(__file__).resolve().parent / "support" / "bare_relay.py"
 
 
 @dataclass(frozen=True)
@@ -298,11 +303,21 @@ async def phase_latency(
 ) -> dict[str, float]:
     """(a): seconds each front adds to the p50 of going to a plane directly."""
     fronts = Fronts(workdir, [Plane(s, bus.url) for s in LATENCY_PLANES], bus, with_gateway)
+    relay: subprocess.Popen[bytes] | None = None
     try:
         await fronts.start(generation=1)
         ports = {"direct": fronts.planes[0].proxy_port, **fronts.ports()}
+        # the floor for a Python front, to the same plane as direct (bench/support/bare_relay.py)
+        ports["bare python relay"] = free_port()
+        relay = subprocess.Popen(
+            [sys.executable, str(BARE_RELAY), str(ports["bare python relay"]), str(ports["direct"])]
+        )
+        wait_for_port(ports["bare python relay"], 30)
         direct, added = await latency_c1(ports, rounds)
     finally:
+        if relay is not None:
+            relay.kill()
+            relay.wait()
         await fronts.stop()
     print(
         f"(a) concurrency 1: direct p50 {ms(direct)}; added (median of paired differences): "
