@@ -24,20 +24,13 @@ _DROP_RESPONSE = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b
 _DROP_RESPONSE |= {b"x-request-id", b"content-length"}
 
 
-class _Upstream(asyncio.Protocol):
-    def __init__(self, client: _Client) -> None:
-        self.client = client
-        self.parser = httptools.HttpResponseParser(self)
+class _Message(asyncio.Protocol):
+    """Collects one HTTP message's headers and body from the parser's callbacks."""
+
+    def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.client.ready(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
 
     def on_message_begin(self) -> None:
         self.headers, self.body = [], []
@@ -47,6 +40,20 @@ class _Upstream(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+
+
+class _Upstream(_Message):
+    def __init__(self, client: _Client) -> None:
+        super().__init__()
+        self.client = client
+        self.parser = httptools.HttpResponseParser(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.client.ready(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
 
     def on_message_complete(self) -> None:
         body = b"".join(self.body)
@@ -59,16 +66,14 @@ class _Upstream(asyncio.Protocol):
         self.client.write(b"".join(out))
 
 
-class _Client(asyncio.Protocol):
+class _Client(_Message):
     def __init__(self, upstream_port: int) -> None:
+        super().__init__()
         self.upstream_port = upstream_port
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
         self.upstream: _Upstream | None = None
         self.waiting = b""
         self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body: list[bytes] = []
         self.request_id = b""
         self.model = ""
         self.connecting: asyncio.Task[object] | None = None
@@ -98,16 +103,11 @@ class _Client(asyncio.Protocol):
         self.parser.feed_data(data)
 
     def on_message_begin(self) -> None:
-        self.url, self.headers, self.body = b"", [], []
+        super().on_message_begin()
+        self.url = b""
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
 
     def on_message_complete(self) -> None:
         body = b"".join(self.body)

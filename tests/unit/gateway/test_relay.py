@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httptools
@@ -169,6 +169,13 @@ class Client:
         return await self.answer()
 
 
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll a real asynchronous event on the sockets, bounded."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Front, Plane, Plane, Client]]:
     a, b = Plane("a"), Plane("b")
@@ -236,8 +243,7 @@ async def test_a_waiting_request_moves_when_its_plane_is_taken_out_of_rotation(f
     front, a, _, client = fleet
     a.script.append(("hang", b""))
     client.send()
-    while a.requests < 2:  # it reached the plane, which says nothing
-        await asyncio.sleep(0.005)
+    await until(lambda: a.requests == 2)  # it reached the plane, which says nothing
     front.state.failed("a", "probe timed out")
     status, headers, body = await client.answer()
     assert status == 200 and headers[b"x-gpufleet-plane"] == b"b" and body == ANSWER
@@ -266,12 +272,10 @@ async def test_a_client_that_leaves_closes_its_request_at_the_plane(fleet):
     front, a, _, client = fleet
     a.script.append(("hang", b""))
     client.send()
-    while a.requests < 2:
-        await asyncio.sleep(0.005)
+    await until(lambda: a.requests == 2)
     closed = a.closed
     client.writer.close()
-    while a.closed == closed:  # the plane sees the request's connection go
-        await asyncio.sleep(0.005)
+    await until(lambda: a.closed > closed)  # the plane sees the request's connection go
     assert not front.state.planes["a"].attempts
     gone = front.state.metrics.registry.get_sample_value(
         "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "499"}
@@ -285,3 +289,15 @@ async def test_a_refused_request_gets_its_error_on_the_same_connection(fleet):
     assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
     status, headers, _ = await client.ask()
     assert status == 200 and headers[b"x-gpufleet-plane"] == b"a" and a.requests == 2
+
+
+async def test_a_failing_callback_path_answers_500_and_closes(fleet, monkeypatch):
+    front, _, _, client = fleet
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(front.app, "_admit", broken)
+    status, headers, body = await client.ask()
+    assert status == 500 and headers[b"connection"] == b"close" and body
+    assert await client.reader.read() == b""  # closed: nothing half-answered is reused
