@@ -107,8 +107,11 @@ class Watched:
 
     def _failed(self, request: object) -> None:
         url, failure = getattr(request, "url", ""), getattr(request, "failure", "")
-        if "/live/feed" in url and "ERR_ABORTED" in str(failure):
-            return  # the event stream is cut when the page navigates away: expected
+        if "ERR_ABORTED" in str(failure) and ("/live/feed" in url or url.endswith("/favicon.svg")):
+            # the browser itself cancels these when the page navigates away: the event stream,
+            # and the icon, which is fetched after the page's load event (a missing icon
+            # still shows up as a 404 response)
+            return
         self.errors.append(f"failed {url}: {failure}")
 
     def login(self, token: str) -> None:
