@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -620,6 +621,9 @@ def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
 
 
 if __name__ == "__main__":  # python -m workloadplane.agent … is gpufleet agent …
+    # The CLI imports this module by name: let it find this run of it rather than executing
+    # it a second time (its metrics would be registered twice and the import fail).
+    sys.modules["workloadplane.agent"] = sys.modules[__name__]
     from workloadplane.cli import agent_main
 
     agent_main()
