@@ -111,6 +111,9 @@ class KpaReference:
         desired = max(d for _, d in self.recommendations)
         return max(self.min_replicas, min(self.max_replicas, desired)), ()
 
+    def next_step_in(self) -> float | None:
+        return None  # Knative decides on its tick only
+
 
 def ours() -> PolicyController:
     policy = Policy(

@@ -141,6 +141,8 @@ class Autoscaler:
         self._beyond: dict[str, int] = {}
         self._reported: dict[str, ReportedDemand] = {}
         self._max: dict[str, int] = {}
+        self.confirm: dict[str, float] = {}
+        """deployment → seconds after its last decision to decide again (Decision.confirm_in)"""
 
     # --- waking -----------------------------------------------------------------------------
     async def woken(self, timeout: float) -> set[str]:
@@ -152,22 +154,33 @@ class Autoscaler:
         self, interval: float, tick: Callable[[set[str] | None], Awaitable[None]]
     ) -> None:
         """Call ``tick(None)`` (every deployment) every ``interval`` seconds on a fixed
-        cadence, and ``tick(woken)`` at once in between; scrape the gauges meanwhile."""
+        cadence, and ``tick(names)`` in between for the deployments the router woke (at once)
+        and those whose last decision asked to be confirmed sooner (``confirm``); scrape the
+        gauges meanwhile."""
         loop = asyncio.get_running_loop()
         scraper = asyncio.create_task(self.scrape_loop(interval), name="autoscaler-gauges")
         next_tick = loop.time()
+        due: dict[str, float] = {}  # deployment → loop time of its early decision
         try:
             while True:
-                only: set[str] | None = await self.woken(next_tick - loop.time())
-                if loop.time() >= next_tick:
+                until = min([next_tick, *due.values()])
+                only: set[str] | None = await self.woken(until - loop.time())
+                now = loop.time()
+                if now >= next_tick:
                     only = None
                     next_tick += interval
-                    if next_tick <= loop.time():  # fell behind: no burst of catch-up ticks
-                        next_tick = loop.time() + interval
+                    if next_tick <= now:  # fell behind: no burst of catch-up ticks
+                        next_tick = now + interval
+                else:
+                    only |= {name for name, at in due.items() if at <= now}
+                due = {n: at for n, at in due.items() if only is not None and n not in only}
+                self.confirm.clear()
                 try:
                     await tick(only)
                 except Exception:
                     log.exception("autoscale pass failed; retrying")
+                now = loop.time()
+                due |= {name: now + after for name, after in self.confirm.items()}
         finally:
             scraper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -194,6 +207,8 @@ class Autoscaler:
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
+        if decision.confirm_in is not None:
+            self.confirm[name] = decision.confirm_in
         self._max[name] = policy.max_replicas
         self._reported[name] = reported_demand(
             self._reported.get(name, ReportedDemand()),

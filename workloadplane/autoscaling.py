@@ -66,6 +66,9 @@ class Policy:
     panic_threshold: float = 2.0
     # A burst seen in this many consecutive samples panics without waiting for the mean.
     panic_confirm_samples: int = 2
+    # A first burst sample asks for the next one this soon rather than at the next tick, so a
+    # step is confirmed within 1.5 ticks of it rather than 2 (Decision.confirm_in).
+    panic_confirm_after_seconds: float = 0.5
     kv_cache_target: float = 0.9
     # A replica is removed only if the lower count would run at most this fraction of the
     # target: at 94 % of it, queueing raises in-flight + queued above the target again and
@@ -81,7 +84,12 @@ class Policy:
                 f"min_replicas {self.min_replicas} / max_replicas {self.max_replicas}: "
                 "set 0 <= min_replicas <= max_replicas"
             )
-        for name in ("window_seconds", "target_concurrency", "panic_threshold"):
+        for name in (
+            "window_seconds",
+            "target_concurrency",
+            "panic_threshold",
+            "panic_confirm_after_seconds",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if not 0 < self.panic_window_fraction <= 1:
@@ -162,6 +170,9 @@ class Decision:
     panic: bool
     failed_starts: int
     backoff_until: datetime | None
+    # Decide again this many seconds from now, not at the next tick: the last sample is a
+    # burst that more samples must confirm before it panics. None: the next tick will do.
+    confirm_in: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +181,7 @@ class _Load:
     stable_down: int  # replicas for the window mean at scale_down_utilisation x target
     panic_level: float  # short-window load, in replicas
     burst: bool  # short window at >= panic_threshold x ready capacity
+    unconfirmed: bool  # the last sample alone is a burst, not yet the short window
     utilisation: int  # replicas the vllm gauges call for
 
 
@@ -214,6 +226,9 @@ def decide(policy: Policy, state: State, signals: Signals, now: datetime) -> tup
             panic=panic,
             failed_starts=state.failed_starts,
             backoff_until=_as_datetime(state.backoff_until, now),
+            confirm_in=policy.panic_confirm_after_seconds
+            if load.unconfirmed and not panic
+            else None,
         )
 
     calm = replace(state, below_since=None, below_peak=0)
@@ -286,11 +301,14 @@ def _measure(policy: Policy, state: State, signals: Signals, t: float, ready: in
         level = max(level, min(short[-confirm:]))
     panic_level = level / target
     mean = sum(loads) / len(loads)
+    bursting = policy.panic_threshold * max(1, ready)
+    burst = panic_level >= bursting
     return _Load(
         stable=math.ceil(mean / target - 1e-9),
         stable_down=math.ceil(mean / (target * policy.scale_down_utilisation) - 1e-9),
         panic_level=panic_level,
-        burst=panic_level >= policy.panic_threshold * max(1, ready),
+        burst=burst,
+        unconfirmed=not burst and signals.load / target >= bursting,
         utilisation=_utilisation_desired(policy, signals),
     )
 

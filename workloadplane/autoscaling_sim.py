@@ -39,6 +39,10 @@ class Controller(Protocol):
         """Return (desired replicas, replicas to remove first)."""
         ...
 
+    def next_step_in(self) -> float | None:
+        """Seconds from the last step to the next when sooner than the tick; None: the tick."""
+        ...
+
 
 @dataclass
 class PolicyController:
@@ -48,13 +52,18 @@ class PolicyController:
     tick_seconds: float = 1.0
     state: State = field(default_factory=State)
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
+    confirm_in: float | None = None  # as the agent's loop does (Autoscaler.run)
 
     def observe(self, now: datetime, signals: Signals) -> None:
         pass  # the agent samples on its own tick
 
+    def next_step_in(self) -> float | None:
+        return self.confirm_in
+
     def step(self, now: datetime, signals: Signals) -> tuple[int, tuple[str, ...]]:
         decision, self.state = decide(self.policy, self.state, signals, now)
         self.decisions.append(((now - EPOCH).total_seconds(), decision))
+        self.confirm_in = decision.confirm_in
         if decision.action == ScaleAction.HOLD:
             return decision.current_replicas, ()
         return decision.desired_replicas, decision.drain
@@ -91,14 +100,17 @@ def simulate(
     ticks: list[Tick] = []
     steps = round(duration / sample_seconds)
     every = max(1, round(controller.tick_seconds / sample_seconds))
+    early: float | None = None  # the time of a step the controller asked for between ticks
     for i in range(steps + 1):
         t = i * sample_seconds
         demand = round(load(t))
         signals = _signals(replicas, t, demand, target_concurrency)
         desired = len(replicas)
         controller.observe(EPOCH + timedelta(seconds=t), signals)
-        if i % every == 0:
+        if i % every == 0 or (early is not None and t >= early - 1e-9):
             desired, drain = controller.step(EPOCH + timedelta(seconds=t), signals)
+            sooner = controller.next_step_in()
+            early = None if sooner is None else t + sooner
             if desired < len(replicas):
                 replicas = _remove(replicas, t, len(replicas) - desired, drain)
             while desired > len(replicas):

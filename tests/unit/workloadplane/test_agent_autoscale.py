@@ -21,7 +21,7 @@ from controlplane.contracts import (
 from tests.unit.workloadplane.builders import RecordingRuntime, make_desired
 from tests.unit.workloadplane.test_agent import FactsBus
 from workloadplane.agent import Agent
-from workloadplane.autoscaler_loop import Gauges
+from workloadplane.autoscaler_loop import Autoscaler, Gauges
 from workloadplane.autoscaling import ScaleAction
 from workloadplane.router.core import Router, RouterConfig, Ticket
 from workloadplane.state import DesiredStateStore
@@ -126,6 +126,29 @@ async def test_a_3x_load_step_scales_up_within_two_ticks(tmp_path: Path):
     assert [c for c, _ in runtime.calls].count("start") == 3
     for task in waiting:
         task.cancel()
+
+
+async def test_the_loop_decides_again_early_for_a_decision_that_asks_for_it():
+    """Autoscaler.run: a deployment whose decision set ``confirm`` is decided again that
+    long after, alone, without waiting for the next tick (10 s away here)."""
+    autoscaler = Autoscaler(Router(RouterConfig()), lambda: datetime.now(UTC))
+    calls: list[set[str] | None] = []
+    second = asyncio.Event()
+
+    async def tick(only: set[str] | None) -> None:
+        calls.append(only)
+        if len(calls) == 1:
+            autoscaler.confirm["chat"] = 0.05
+        else:
+            second.set()
+
+    loop = asyncio.create_task(autoscaler.run(10.0, tick))
+    try:
+        async with asyncio.timeout(5):
+            await second.wait()
+    finally:
+        loop.cancel()
+    assert calls == [None, {"chat"}]
 
 
 async def test_scale_down_drains_the_replicas_the_decision_names(tmp_path: Path):

@@ -76,6 +76,44 @@ def test_three_x_load_step_decides_scale_up_within_two_seconds() -> None:
     assert first.panic
 
 
+@pytest.mark.parametrize("phase", [0.01, 0.3, 0.5, 0.7, 0.99])
+def test_a_step_is_confirmed_half_a_tick_after_it_is_first_seen(phase: float) -> None:
+    """Ticks every second, samples every 50 ms: wherever the step lands between two ticks,
+    the tick after it sees the burst and asks for a second look half a tick later, which
+    confirms it: the scale-up comes within 1.5 s of the step, not 2."""
+    policy = make_policy()
+    controller = PolicyController(policy)
+    step_at = 120 + phase
+    simulate(
+        controller,
+        lambda t: 28 if t < step_at else 84,
+        duration=130,
+        target_concurrency=8,
+        initial_replicas=4,
+        sample_seconds=0.05,
+    )
+    ups = [(t, d) for t, d in controller.decisions if d.action == ScaleAction.SCALE_UP]
+    first_t, first = ups[0]
+    assert first_t - step_at <= 1.5 + 1e-6, (phase, first_t)
+    assert first.panic and first.desired_replicas >= 11
+    early = [t for t, _ in controller.decisions if abs(t - round(t)) > 1e-6]
+    assert early == [first_t]  # one look between ticks, the confirming one
+
+
+def test_a_first_burst_sample_asks_for_a_second_look_and_nothing_else_does() -> None:
+    policy = make_policy()
+    _, state = run(policy, State(), make_signals(28, ready=4), MONDAY_0900, 60)
+    at = MONDAY_0900 + timedelta(seconds=60)
+    calm, _ = decide(policy, state, make_signals(40, ready=4), at)
+    assert calm.confirm_in is None  # 5 replicas' worth on 4: not a burst (threshold 2x)
+    first, state = decide(policy, state, make_signals(84, ready=4), at)
+    assert first.action == ScaleAction.HOLD and not first.panic
+    assert first.confirm_in == policy.panic_confirm_after_seconds == 0.5
+    second, state = decide(policy, state, make_signals(84, ready=4), at + timedelta(seconds=0.5))
+    assert second.action == ScaleAction.SCALE_UP and second.panic
+    assert second.confirm_in is None  # in panic: nothing left to confirm
+
+
 def test_no_second_scale_up_while_replicas_cold_start() -> None:
     policy = make_policy()
     state = State()
