@@ -122,9 +122,10 @@ async def test_a_3x_load_step_is_decided_within_2s(tmp_path: Path):
     # first and go to 2 (then 3): either way it is a scale-up, decided in time
     assert event.from_replicas == 1
     assert event.to_replicas >= 2
-    # The policy needs two 1 s samples of the burst: 2 s at worst, which this is; 0.3 s
-    # allows for ticks late on two loaded cores.
-    assert decided <= 2.3, event
+    # The tick after the step sees the burst and a second look half a tick later confirms
+    # it: 1.5 s at worst, which this is (two whole ticks would be 2 s); the target is 2 s,
+    # the rest allows for ticks late on two loaded cores.
+    assert decided <= 2.0, event
     assert set(codes) == {200}, sorted(set(codes))
 
 
