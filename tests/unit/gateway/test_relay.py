@@ -268,6 +268,32 @@ async def test_a_long_answer_goes_through_whole(fleet):
     assert status == 200 and body == long
 
 
+async def test_a_slow_client_holds_a_long_answer_back_at_the_plane_not_in_the_gateway(fleet):
+    """32 MiB to a client that reads nothing for a while: the gateway pauses the plane once
+    the client's socket is full, so the plane keeps most of it unsent and the gateway holds
+    little; when the client reads, all of it arrives, whole and in order."""
+    front, a, _, client = fleet
+    long = json.dumps({"data": "x" * (32 * 1024 * 1024)}).encode()
+    a.script.append(("ok", long))
+    client.send()
+    await until(lambda: a.requests == 2)
+    plane_side = a.connections[-1].transport
+    assert plane_side is not None
+    (front_side,) = [c for c in front.server.connections if c.transport is not None]
+    held: list[int] = []
+
+    def settled() -> bool:  # what the plane could not send stopped moving for 100 ms
+        held.append(plane_side.get_write_buffer_size())
+        return len(held) > 20 and len(set(held[-20:])) == 1
+
+    await until(settled, timeout_s=10)
+    assert held[-1] > 8 * 1024 * 1024, held[-1]  # kernel buffers hold a few MiB at most
+    assert front_side.transport.get_write_buffer_size() < 2 * 1024 * 1024
+    status, _, body = await client.answer()
+    assert status == 200 and body == long
+    await until(lambda: plane_side.get_write_buffer_size() == 0)
+
+
 async def test_a_client_that_leaves_closes_its_request_at_the_plane(fleet):
     front, a, _, client = fleet
     a.script.append(("hang", b""))
