@@ -2,13 +2,15 @@
 
 Reads: GET one pool by name. Writes: PATCH a pool's GPU count (a real change each time: new
 generation plus an audit entry, committed). Both servers run as the same uvicorn command.
-Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s. Last measured (3 Dec 2026, 16:05–16:13,
-nothing else running, but the machine itself slower than in the morning: bare FastAPI
-1,968–2,462/s against 3,596/s at 15:05): reads 976 / 1,256 / 1,069 per second, writes 62 / 45 /
-86 per second: FAIL on writes (and on reads in one run of three); `main` before the async reads, in the same
-window: reads 349/s. One connection: a write takes 8.7 ms (p50), of which the service's
-`patch` ~7.4 ms wall, 5.7 ms CPU (SQLAlchemy's ORM: the joined SELECT … FOR UPDATE, the
-flush). docs/api.md, Performance.
+Target on 2 cores: ≥ 1,000 reads/s and ≥ 300 writes/s. Last measured (3 Dec 2026, 19:02–19:08,
+the two cores shared with other people's test runs, load average 7–11), alternated with `main`
+at 47dd634 (same script): writes 330 / 320 / 367 per second (bare FastAPI 3,355 / 3,410 /
+4,589) against 233 / 241 / 201 on `main` (bare 3,524 / 4,059 / 4,610): PASS on writes; reads
+575 / 969 / 748 per second (main: 884 / 1,077 / 909; the read path's code is unchanged): FAIL on
+reads in all three runs on the branch under that load. A PATCH of a pool is one Core
+SELECT … FOR UPDATE, one Core UPDATE and the audit INSERT (services.rowviews): in-process,
+through the ASGI app, 1.8–2.2 ms of CPU per PATCH against 4.2–5.9 with the ORM. docs/api.md,
+Performance.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
-from controlplane.services import audit, rollouts, shadows
+from controlplane.services import audit, rollouts, rowviews, shadows
 from controlplane.services.desired import (
     bump_desired,
     clusters_serving,
@@ -88,8 +88,9 @@ def to_json(kind: ResourceKind, row: Any, spec: Mapping[str, Any] | None = None)
 
 
 def status_of(kind: ResourceKind, row: Any) -> dict[str, Any]:
+    """`row` is the ORM object or a `rowviews.RowView` of it: the kind says which fields."""
     status = dict(row.status or {})
-    if isinstance(row, m.Cluster):
+    if kind.row is m.Cluster:
         status.update(
             state=row.state,
             agent_version=row.agent_version,
@@ -97,9 +98,9 @@ def status_of(kind: ResourceKind, row: Any) -> dict[str, Any]:
             desired_generation=row.desired_generation,
             observed_generation=row.observed_generation,
         )
-    elif isinstance(row, m.Deployment):
+    elif kind.row is m.Deployment:
         status.update(revision=row.revision, demand_replicas=row.demand_replicas)
-    elif isinstance(row, m.ApiToken):
+    elif kind.row is m.ApiToken:
         status.update(
             prefix=row.prefix,
             last_used_at=row.last_used_at.isoformat() if row.last_used_at else None,
@@ -171,6 +172,16 @@ def get(session: Session, kind: ResourceKind, ref: str, *, for_update: bool = Fa
     return row
 
 
+def _locked(session: Session, kind: ResourceKind, ref: str, by_id: bool) -> Any:
+    """The row to write, locked as `get(…, for_update=True)` locks it, or None: for a kind
+    with `core_writes` a `rowviews.RowView` read by one Core statement, else the ORM object."""
+    if kind.core_writes:
+        return rowviews.locked(session, kind.row, ref, by_id)
+    column = kind.row.id if by_id else kind.row.name
+    stmt = select(kind.row).where(column == ref).with_for_update(of=kind.row)
+    return session.scalars(stmt).first()
+
+
 def list_rows(
     session: Session,
     kind: ResourceKind,
@@ -220,9 +231,7 @@ def replace(
 ) -> WriteResult:
     if getattr(spec, "name") != name:  # noqa: B009
         raise InvalidSpec.on("name", f"must equal the name in the URL ('{name}')")
-    row = session.scalars(
-        select(kind.row).where(kind.row.name == name).with_for_update(of=kind.row)
-    ).first()
+    row = _locked(session, kind, name, by_id=False)
     if row is None:
         if expected_generation is not None:
             raise StaleGeneration(
@@ -240,7 +249,9 @@ def patch(
     actor: Actor,
     expected_generation: int | None = None,
 ) -> WriteResult:
-    row = get(session, kind, ref, for_update=True)
+    row = _locked(session, kind, ref, _is_uuid(ref))
+    if row is None:
+        raise _not_found(kind, ref)
     _check_generation(kind, row, expected_generation)
     before = spec_json(kind, row)
     merged = merge_patch(before, changes)
@@ -313,7 +324,9 @@ def _update(
 ) -> WriteResult:
     """`before` is `spec_json(kind, row)` when the caller has it. A change costs the row's
     UPDATE and the audit INSERT (plus what `_on_change` needs): the representation after it
-    is the spec (load and apply are inverse, resources.py), not rendered from the row again."""
+    is the spec (load and apply are inverse, resources.py), not rendered from the row again.
+    `row` is the ORM object, or for a kind with `core_writes` a `rowviews.RowView` whose
+    UPDATE is sent here (Core), where the ORM object's is the session's flush."""
     _check_generation(kind, row, expected_generation)
     if before is None:
         before = spec_json(kind, row)
@@ -324,7 +337,9 @@ def _update(
         return WriteResult(row, spec=before)
     kind.apply(session, row, spec)
     row.generation += 1
-    _on_change(session, row, before, after)
+    if isinstance(row, rowviews.RowView):
+        rowviews.write(row)
+    _on_change(session, kind, row, before, after)
     session.flush()
     _audit(session, actor, "update", kind, row, before=before, after=after)
     return WriteResult(row, changed=True, spec=after)
@@ -353,7 +368,10 @@ def _on_create(session: Session, row: Any) -> dict[str, Any] | None:
     return None
 
 
-def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[str, Any]) -> None:
+def _on_change(
+    session: Session, kind: ResourceKind, row: Any, before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """`row` is the ORM object, or a `rowviews.RowView` for a kind with `core_writes`."""
     if isinstance(row, m.Deployment) and any(
         before.get(f) != after.get(f) for f in REVISION_FIELDS
     ):
@@ -369,7 +387,7 @@ def _on_change(session: Session, row: Any, before: dict[str, Any], after: dict[s
         if left:
             pool_ids = session.scalars(select(m.Pool.id).where(m.Pool.name.in_(sorted(left))))
             withdraw_placements(session, row.id, pool_ids)
-    if isinstance(row, m.Pool) and pool_is_empty(session, row):
+    if kind.row is m.Pool and pool_is_empty(session, cast(m.Pool, row)):  # or its RowView
         withdraw_placements(session, pool_ids=[row.id])
 
 

@@ -53,6 +53,10 @@ class ResourceKind:
     removing: Callable[[Session, Any], set[str]] = _affects_no_cluster
     """Ids of the clusters whose desired state changes when the row is deleted; asked
     before the rows go (their placements and replicas are deleted with them)."""
+    core_writes: bool = False
+    """An update (PATCH, PUT of an existing object) reads and writes the row with Core
+    (`services.rowviews`): `load` and `apply` touch only its columns and its many-to-one
+    references, and a change needs no ORM object (no collection, no revision history)."""
 
 
 def _by_name(session: Session, row_type: type[Any], name: str, field_name: str) -> Any:
@@ -481,15 +485,17 @@ KINDS: dict[str, ResourceKind] = {
                 "provider_class": eq_filter(m.Provider.provider_class),
                 "certification": _contains(m.Provider.certifications),
             },
+            core_writes=True,
         ),
         ResourceKind(
             "Region", "regions", m.Region, RegionSpec, Role.admin,
             _load_region, _apply_region, _check_delete_region,
             {"provider": ref_filter(m.Region.provider_id, m.Provider), "jurisdiction": eq_filter(m.Region.jurisdiction)},
+            core_writes=True,
         ),
         ResourceKind(
             "GpuType", "gpu-types", m.GpuType, GpuTypeSpec, Role.admin,
-            _load_gpu_type, _apply_gpu_type, _check_delete_gpu_type,
+            _load_gpu_type, _apply_gpu_type, _check_delete_gpu_type, core_writes=True,
         ),
         ResourceKind(
             "Pool", "pools", m.Pool, PoolSpec, Role.operator,
@@ -500,7 +506,7 @@ KINDS: dict[str, ResourceKind] = {
                 "gpu_type": ref_filter(m.Pool.gpu_type_id, m.GpuType),
                 "purchase_type": eq_filter(m.Pool.purchase_type),
             },
-            removing=removing_pool,
+            removing=removing_pool, core_writes=True,
         ),
         ResourceKind(
             "Cluster", "clusters", m.Cluster, ClusterSpec, Role.operator,
@@ -517,12 +523,12 @@ KINDS: dict[str, ResourceKind] = {
         ResourceKind(
             "Token", "tokens", m.ApiToken, TokenSpec, Role.admin,
             _load_token, _apply_token, _check_delete_token,
-            {"role": eq_filter(m.ApiToken.role)}, read_role=Role.admin,
+            {"role": eq_filter(m.ApiToken.role)}, read_role=Role.admin, core_writes=True,
         ),
         ResourceKind(
             "ApiPrice", "api-prices", m.ApiPrice, ApiPriceSpec, Role.operator,
             _load_api_price, _apply_api_price, _nothing_uses,
-            {"model_id": eq_filter(m.ApiPrice.model_id)},
+            {"model_id": eq_filter(m.ApiPrice.model_id)}, core_writes=True,
         ),
     )
 }  # fmt: skip

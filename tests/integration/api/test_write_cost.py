@@ -123,3 +123,56 @@ def test_two_writes_of_one_object_with_the_same_if_match_cannot_both_win(admin, 
         with pytest.raises(StaleGeneration, match=f"not {generation}"):
             inventory.patch(second, pools, "aws-use1-h100-od", {"gpus": 71}, actor, generation)
     assert admin.get("pools/aws-use1-h100-od").json()["gpus"] == 70
+
+
+def test_every_core_written_kind_stores_what_its_orm_object_renders(admin, session_factory):
+    """Kinds with `core_writes` are read and written with Core (services.rowviews): the
+    answer, the next GET and the ORM object loaded afresh all agree, and a changed
+    reference (a region moved to another provider) is stored as the foreign key."""
+    from controlplane.services import inventory
+    from controlplane.services.resources import KINDS
+
+    b.seed(admin)
+    admin.post("providers", b.provider("gcp-main", provider_kind="gcp"))
+    admin.post("regions", b.region("aws-us-west-2"))
+    admin.post("tokens", {"name": "ci", "role": "viewer"})
+    admin.post("api-prices", {"name": "gpt", "model_id": "gpt-x", "input_price_per_mtok": "1.5",
+                              "output_price_per_mtok": "6"})  # fmt: skip
+    changes = {
+        "providers/aws-main": {"certifications": ["SOC2"], "labels": {"team": "infra"}},
+        "regions/aws-us-west-2": {"provider": "gcp-main", "latitude": 45.6},
+        "gpu-types/H100-80G": {"memory_gib": 94},
+        "pools/aws-use1-h100-od": {"gpus": 32, "instance_type": "p5.48xlarge"},
+        "tokens/ci": {"role": "operator", "description": "CI"},
+        "api-prices/gpt": {"output_price_per_mtok": "7.25", "source": "list price"},
+    }
+    assert {path.split("/")[0] for path in changes} == {
+        k for k, kind in KINDS.items() if kind.core_writes
+    }
+    for path, change in changes.items():
+        answer = admin.patch(path, change)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["generation"] == 2, path
+        read = admin.get(path).json()
+        assert answer.json() == read, path
+        kind, name = KINDS[path.split("/")[0]], path.split("/")[1]
+        with session_factory() as session:
+            fresh = inventory.to_json(kind, inventory.get(session, kind, name))
+        assert fresh == read, path
+    assert admin.get("regions/aws-us-west-2").json()["provider"] == "gcp-main"
+
+
+def test_a_core_write_expires_the_sessions_orm_copy_of_the_row(session_factory, admin):
+    """One session that loaded a pool as an ORM object and then changed it through the Core
+    path (a manifest apply does both) reads the new values, not its stale copy."""
+    from controlplane.services import inventory
+    from controlplane.services.resources import KINDS
+
+    b.seed(admin)
+    pools, actor = KINDS["pools"], inventory.Actor("test")
+    with session_factory() as session, session.begin():
+        loaded = inventory.get(session, pools, "aws-use1-h100-od")
+        assert loaded.gpus == 64
+        inventory.patch(session, pools, "aws-use1-h100-od", {"gpus": 12}, actor)
+        assert (loaded.gpus, loaded.generation) == (12, 2)
+    assert admin.get("pools/aws-use1-h100-od").json()["gpus"] == 12
