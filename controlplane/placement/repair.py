@@ -122,6 +122,8 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
             if got == 0:
                 break
             placed += got
+            if placed < k:  # what is left, and why not (a placed replica clears `blocked`)
+                placed += fill(plan, d, k - placed)
         else:
             if by_capacity:
                 plan.no_room.add(shape)

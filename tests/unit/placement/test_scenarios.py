@@ -220,3 +220,19 @@ def test_deployments_of_one_spread_class_share_the_scarce_second_provider():
     assert result.unplaced == ()
     for dep in deps:
         assert replicas_by_pool(result, dep.name) == {"aws": 2, "gcp": 1}
+
+
+def test_higher_priority_displaces_for_every_replica_it_needs():
+    # repair places one replica per room it makes and must go on for the next: prod's two
+    # replicas each evict one of batch's (the first pass left prod with none)
+    pool = make_pool("only", capacity=16)
+    low = make_deployment("batch", gpus=8, replicas=2, priority=0)
+    first = place(make_input([pool], [low]))
+    high = make_deployment("prod", gpus=8, replicas=2, priority=10)
+
+    result = place(make_input([pool], [low, high], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"only": 2}
+    assert [(u.deployment, u.replicas, u.constraint) for u in result.unplaced] == [
+        ("batch", 2, "priority")
+    ]
