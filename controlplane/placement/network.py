@@ -1,9 +1,9 @@
-"""Quotas for many classes: a min-cost flow in GPUs (OR-Tools' compiled solver).
+"""Quotas for many classes: a min-cost flow in GPUs (LEMON's network simplex, pylmcf).
 
 Above MAX_CLASSES classes the class x pool LP through HiGHS's general simplex takes
 seconds. Without the whole-replica coupling of a pool's replica sizes the problem is a
-network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by OR-Tools'
-SimpleMinCostFlow. Flow in GPUs:
+network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by LEMON's network
+simplex. Flow in GPUs:
 
   class c (supply size_c * demand_c)
     -> [its spot node: size_c * spot budget]      (on the way to spot pools only)
@@ -34,8 +34,16 @@ largest remainders while a class has demand and spot budget left), cheapest pool
 Only a pool's mix of sizes loses GPUs to rounding, at most size - 1 per (pool, size);
 the fill, the second pass and repair place that.
 The spread nodes assume a region lies within one provider (as region names do here).
+
+Smaller network, same optimum: a spread node whose cap cannot bind is left out (a cap of
+at least the class's demand, or a region's cap not below that of the class's node for
+the region's provider), and the solver sees the network without its pass-through nodes
+(one arc in, one out, no supply: a region with one group, the top of a pool's size
+chain, the pool node under its one size), whose two arcs become one (`contract`). One
+shape per deployment, 92 %, seed 7: 35.6k nodes -> 17.7k (arcs 209k -> 191k), the solve
+0.74-0.86 -> 0.40-0.54 CPU s on a shared machine; 1,000 shapes 24.5k -> 12.7k, 0.43 -> 0.21 s.
 Deterministic: the solver is exact and single-threaded; ties are broken by index.
-Returns None when OR-Tools is missing or the solver fails; the caller falls back.
+Returns None when pylmcf is missing or the solver fails; the caller falls back.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.ma  # np.unique imports it on first use: ~0.07 CPU s of a re-plan
 
 from controlplane.placement import transport
 
@@ -79,10 +88,64 @@ def pool_groups(pr: transport.Problem, region: np.ndarray) -> np.ndarray:
     return rank[group.ravel()]
 
 
+def contract(n_nodes, tail, head, cap, cost, supply):
+    """The same network without its pass-through nodes (no supply, one arc in, one out).
+
+    u -> v -> w becomes u -> w at the smaller capacity and the summed cost, which carries
+    the same flows at the same cost, and the network simplex has fewer nodes to pivot
+    (one shape per deployment: 11k of 29k nodes; ~40 % less solver time). Returns
+    (n_nodes, tail, head, cap, cost, supply, arc) where arc[i] is the new arc that carries
+    the flow of old arc i."""
+    tail, head, cap, cost = tail.copy(), head.copy(), cap.copy(), cost.copy()
+    alive = np.ones(len(tail), dtype=bool)
+    arc = np.arange(len(tail))
+    while True:
+        ids = np.flatnonzero(alive)
+        through = (
+            (np.bincount(head[ids], minlength=n_nodes) == 1)
+            & (np.bincount(tail[ids], minlength=n_nodes) == 1)
+            & (supply == 0)
+        )
+        arc_in = np.full(n_nodes, -1, dtype=np.int64)
+        arc_out = np.full(n_nodes, -1, dtype=np.int64)
+        arc_in[head[ids]] = ids
+        arc_out[tail[ids]] = ids
+        v = np.flatnonzero(through)
+        v = v[~through[tail[arc_in[v]]]]  # the first of each chain: one link a round
+        if not len(v):
+            break
+        a, b = arc_in[v], arc_out[v]
+        head[a] = head[b]
+        cap[a] = np.minimum(cap[a], cap[b])
+        cost[a] += cost[b]
+        alive[b] = False
+        into = np.full(len(tail), -1, dtype=np.int64)
+        into[b] = a
+        moved = into[arc] >= 0
+        arc[moved] = into[arc[moved]]
+    ids = np.flatnonzero(alive)
+    used = supply != 0
+    used[tail[ids]] = True
+    used[head[ids]] = True
+    number = np.cumsum(used) - 1
+    position = np.full(len(tail), -1, dtype=np.int64)
+    position[ids] = np.arange(len(ids))
+    return (
+        int(used.sum()),
+        number[tail[ids]],
+        number[head[ids]],
+        cap[ids],
+        cost[ids],
+        supply[used],
+        position[arc],
+    )
+
+
 def _min_cost_flow(n_nodes, tail, head, cap, cost, supply) -> np.ndarray | None:
     """Optimal integral flow per arc (LEMON's network simplex), or None."""
     if CGraph is None:  # pragma: no cover - pylmcf is a dependency
         return None
+    n_nodes, tail, head, cap, cost, supply, arc = contract(n_nodes, tail, head, cap, cost, supply)
     order = np.lexsort((head, tail))  # the solver takes arcs sorted by (tail, head)
     graph = CGraph(n_nodes, tail[order].astype(np.int32), head[order].astype(np.int32))
     graph.set_node_supply(supply)
@@ -94,7 +157,7 @@ def _min_cost_flow(n_nodes, tail, head, cap, cost, supply) -> np.ndarray | None:
         return None
     flow = np.empty(len(tail), dtype=np.int64)
     flow[order] = graph.result()
-    return flow
+    return flow[arc]
 
 
 class _Arcs:
@@ -159,8 +222,15 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
         budget = np.minimum(pr.spot_cap[spot_classes], demand[spot_classes])
         arcs.add(spot_classes, spot_node[spot_classes], sizes[spot_classes] * budget, 0)
         start[spot] = spot_node[cs[spot]]
+    # the most replicas of its class a pair's start node passes on: a spread node that
+    # would not hold its pairs below that is left out (exact): a cap of at least the
+    # class's demand, or a region's where the class's node for the region's provider
+    # already holds it to as few replicas
+    limit = demand[cs].astype(float)
     for sp in pr.spread:  # providers first, then regions (which lie within one)
-        on = np.flatnonzero(~spot & np.isfinite(sp.cap[cs, sp.group[rep[gs]]]))
+        pair_cap = sp.cap[cs, sp.group[rep[gs]]]
+        on = np.flatnonzero(~spot & np.isfinite(pair_cap) & (pair_cap < limit))
+        limit[on] = pair_cap[on]
         if not len(on):
             continue
         width = int(sp.group.max()) + 1
