@@ -73,17 +73,17 @@ def _int_costs(cost: np.ndarray) -> np.ndarray:
 def pool_groups(pr: transport.Problem, region: np.ndarray) -> np.ndarray:
     """Group of each pool: pools every class sees alike (admissibility, spot, spread groups
     and region), numbered by their first pool."""
-    finite = np.isfinite(pr.cost)
-    weights = np.sqrt(np.arange(2, finite.shape[0] + 2, dtype=float))  # a column fingerprint
+    # each pool's admissibility column, packed into bytes: equal columns, equal bytes
+    bits = np.ascontiguousarray(np.packbits(np.isfinite(pr.cost), axis=0).T)
+    if bits.shape[1]:
+        _, seen_by = np.unique(bits.view(np.dtype((np.void, bits.shape[1]))), return_inverse=True)
+    else:  # no classes: every pool is seen alike
+        seen_by = np.zeros(len(bits), dtype=np.int64)
     key = np.stack(
-        [weights @ finite, pr.is_spot.astype(float), region.astype(float)]
-        + [sp.group.astype(float) for sp in pr.spread]
+        [seen_by.ravel(), pr.is_spot.astype(np.int64), region.astype(np.int64)]
+        + [sp.group.astype(np.int64) for sp in pr.spread]
     )
     _, first, group = np.unique(key, axis=1, return_index=True, return_inverse=True)
-    group = group.ravel()
-    alike = (finite == finite[:, first[group]]).all(axis=0)  # no fingerprint collision
-    group = np.where(alike, group, len(first) + np.arange(len(group)))
-    _, first, group = np.unique(group, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # number groups by their first pool
     return rank[group.ravel()]
 
