@@ -8,6 +8,7 @@ spread and spot fraction depend on the evolving plan and are checked by the engi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,7 +157,7 @@ class Tables:
         return self.inp.regions[self.region_index[region]].jurisdiction
 
 
-def _among(codes: np.ndarray, allowed: list[int | None]) -> np.ndarray:
+def _among(codes: np.ndarray, allowed: Sequence[int | None]) -> np.ndarray:
     """codes (non-negative ints) in `allowed` (None: a name no pool has): np.isin by a
     lookup table."""
     known = [a for a in allowed if a is not None]
