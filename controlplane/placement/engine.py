@@ -172,9 +172,9 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
         quotas = transport.solve(problem)
         if quotas is None:
             quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
-    plan.reserved = np.zeros(n_pool, dtype=np.int64)
-    for m in np.unique(of):
-        plan.reserved += quotas[m] * sizes[np.flatnonzero(of == m)[0]]
+    merged_size = np.zeros(len(quotas), dtype=np.int64)
+    merged_size[of[::-1]] = sizes[::-1]  # a merged class's size: its first class's
+    plan.reserved = merged_size @ quotas
     for c, ds in enumerate(members):
         for d in ds:
             plan.quota[d] = quotas[of[c]]  # one array per merged class: members share it
