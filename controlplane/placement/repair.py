@@ -107,17 +107,19 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     """fill(), then make room for what is left, then displace lower priority; returns placed."""
     placed = fill(plan, d, k)
     dep = plan.t.inp.deployments[d]
+    harmful_ok = True  # the first eviction may break a victim's spread, later ones not
     while placed < k and (plan.blocked.get(d) == "capacity" or plan.blocked.get(d) in SPREAD):
         shape = (dep.gpus_per_replica, id(plan.t.compat(d)), plan.spot_budget(d) > 0, dep.priority)
         by_capacity = plan.blocked.get(d) == "capacity"
         if by_capacity and shape in plan.no_room:
             break
         # a spread-blocked deployment may move others aside, never displace them
-        if make_room(plan, d) or (by_capacity and displace(plan, d)):
+        if make_room(plan, d) or (by_capacity and displace(plan, d, harmful_ok)):
             got = fill(plan, d, 1)
             if got == 0:
                 break
             placed += got
+            harmful_ok = False
             if placed < k:  # what is left, and why not (a placed replica clears `blocked`)
                 placed += fill(plan, d, k - placed)
         else:
@@ -127,7 +129,7 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     return placed
 
 
-def displace(plan: Plan, d: int) -> bool:
+def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:
     """Evict lower-priority replicas from the cheapest pool where that frees room for d,
     preferring pools and victims where no victim's spread rule breaks (a victim left on
     one provider would lose all but one replica)."""
@@ -140,7 +142,7 @@ def displace(plan: Plan, d: int) -> bool:
     cost = np.where(ok, t.cost(d)[idx], INF)
     best = np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]
     pools = [int(idx[i]) for i in best if math.isfinite(cost[i])]
-    for harmless in (True, False):
+    for harmless in (True, False) if harmful_ok else (True,):
         for p in pools:
             victims = _victims(plan, d, p, harmless)
             if victims is not None:
