@@ -254,13 +254,11 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     hub_s, hub_g = hubs // n_g, hubs % n_g
     by_group = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[by_group], np.arange(n_g + 1))
-    h_list, p_list = [], []
-    for h, (s, g) in enumerate(zip(hub_s, hub_g, strict=True)):
-        ps = by_group[bounds[g] : bounds[g + 1]]
-        ps = ps[slots[s, ps] > 0]
-        h_list.append(np.full(len(ps), h))
-        p_list.append(ps)
-    out_h, out_p = np.concatenate(h_list), np.concatenate(p_list)
+    width = bounds[hub_g + 1] - bounds[hub_g]  # each hub x its group's pools, in order
+    out_h = np.repeat(np.arange(len(hubs)), width)
+    out_p = by_group[np.repeat(bounds[hub_g], width) + _ranks(width)]
+    with_room = slots[hub_s[out_h], out_p] > 0
+    out_h, out_p = out_h[with_room], out_p[with_room]
     out_s = size_values[hub_s[out_h]]
     # divisibility cuts as a network: replicas whose size is a multiple of s use at most
     # s x floor(free / s) GPUs of a pool, so each size's node of a pool passes its flow on
@@ -297,6 +295,12 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     f_out = f[out_arc0 : out_arc0 + len(out_h)]
     _whole_replicas(pr, quotas, free, (cs, hub_of, f_in), (out_h, out_p, out_s, f_out), unit)
     return quotas
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[0] - 1, 0, 1, ..., counts[1] - 1, ...: each item's place in its run."""
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum())) - np.repeat(starts, counts)
 
 
 def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
