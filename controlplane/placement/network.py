@@ -348,19 +348,29 @@ def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
     classes_by_hub = wanting[
         np.lexsort((cs[wanting], -pr.priority_rank[cs[wanting]], hub_of[wanting]))
     ]
-    pi = np.searchsorted(out_h[pools_by_hub], np.arange(n_hubs + 1))
-    ci = np.searchsorted(hub_of[classes_by_hub], np.arange(n_hubs + 1))
-    for h in np.flatnonzero((np.diff(pi) > 0) & (np.diff(ci) > 0)):
-        pk = pools_by_hub[pi[h] : pi[h + 1]]
-        room = r[pk].copy()
-        j = 0
-        for k in classes_by_hub[ci[h] : ci[h + 1]]:
-            need = int(want[k])
-            while need > 0 and j < len(pk):
-                take = min(need, int(room[j]))
-                if take:
-                    quotas[cs[k], out_p[pk[j]]] += take
-                    room[j] -= take
-                    need -= take
-                if room[j] == 0:
-                    j += 1
+    # per hub, classes in order take the pools' replicas in order (north-west corner), as
+    # far as the hub's replicas go
+    room = r[pools_by_hub]
+    room_of = np.bincount(out_h[pools_by_hub], weights=room, minlength=n_hubs).astype(np.int64)
+    taking = want[classes_by_hub]
+    hub_k = hub_of[classes_by_hub]
+    before = np.cumsum(taking) - taking  # wanted by the earlier classes (and hubs) ...
+    first_k = np.searchsorted(hub_k, hub_k)  # each hub's first class position
+    before = before - before[first_k]  # ... of the hub
+    taking = np.clip(before + taking, 0, room_of[hub_k]) - np.clip(before, 0, room_of[hub_k])
+    # pad each hub's classes with its unwanted replicas, so both sides sum equal per hub
+    unwanted = room_of - np.bincount(hub_k, weights=taking, minlength=n_hubs).astype(np.int64)
+    side_c = np.concatenate([classes_by_hub, np.full(n_hubs, -1)])
+    side_h = np.concatenate([hub_k, np.arange(n_hubs)])
+    side_n = np.concatenate([taking, unwanted])
+    order = np.lexsort((np.arange(len(side_h)), side_h))  # a hub's classes, then its pad
+    side_c, side_n = side_c[order], side_n[order]
+    ca, cb = np.cumsum(side_n), np.cumsum(room)
+    cut = np.union1d(ca, cb)
+    lo = np.concatenate([[0], cut[:-1]])
+    keep = cut > lo
+    lo, hi = lo[keep], cut[keep]
+    k = side_c[np.searchsorted(ca, lo, side="right")]
+    j = pools_by_hub[np.searchsorted(cb, lo, side="right")]
+    real = k >= 0
+    np.add.at(quotas, (cs[k[real]], out_p[j[real]]), (hi - lo)[real])
