@@ -204,6 +204,7 @@ def _options(
     """(pools, their effective cost for d now or inf, their free GPUs for d, unmet spread):
     the cost of candidates() with spread_filter() and the quota bonus, on d's pools only."""
     t = plan.t
+    s = plan.size(d)
     quota = plan.quota.get(d)
     if only_quota:
         idx = np.flatnonzero(quota > 0) if quota is not None else np.zeros(0, dtype=np.int64)
@@ -211,21 +212,23 @@ def _options(
     else:
         idx = t.compat_index(d)
     free = t.cap[idx] - plan.used[idx]
+    mine = quota[idx] if quota is not None else None
     if plan.reserved is not None:
-        free = free - plan.reserved[idx]
-        if quota is not None:
-            free = free + quota[idx] * plan.size(d)
-    ok = free >= plan.size(d)
+        free -= plan.reserved[idx]
+        if mine is not None:
+            free += mine * s
+    ok = free >= s
+    spot = t.is_spot[idx]
     spot_ok = plan.spot_budget(d) > 0
     if not spot_ok:
-        ok &= ~t.is_spot[idx]
+        ok &= ~spot
     cost = np.where(ok, t.cost(d)[idx], INF)
     cost, unmet = spread_filter(plan, d, cost, idx)
-    if quota is not None:  # pools the class-level LP reserved for this shape first
-        q = quota[idx] > 0
+    if mine is not None:  # pools the class-level LP reserved for this shape first
+        q = mine > 0
         cost = np.where(q, cost - QUOTA_BONUS, cost)
         if spot_ok:  # spot quota is only usable by members with budget
-            cost = np.where(q & t.is_spot[idx], cost - QUOTA_BONUS, cost)
+            cost = np.where(q & spot, cost - QUOTA_BONUS, cost)
     return idx, cost, free, unmet
 
 

@@ -43,11 +43,10 @@ def _move_one(plan: Plan, e: int, p: int) -> int | None:
     ok = (t.cap[idx] - plan.used[idx] >= plan.size(e)) & (idx != p)
     if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
         ok &= ~t.is_spot[idx]
-    cost = np.where(ok, t.cost(e)[idx], INF)
+    targets = idx[ok]
+    cost = t.cost(e)[targets]
     for i in np.argsort(cost, kind="stable")[:MAX_TARGETS]:
-        q = int(idx[i])
-        if not math.isfinite(cost[i]):
-            return None
+        q = int(targets[i])
         plan.remove(e, p, 1)
         plan.add(e, q, 1)
         if spread_ok(plan, e) and plan.spot_budget(e) >= 0:
