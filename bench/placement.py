@@ -11,11 +11,12 @@ unplaced GPUs at 92 % against the optimum's interval, and one incremental change
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
 Where it stands (seed 7, a shared 2-core machine; docs/placement.md has the table for seeds
-7, 11 and 13): 60 shapes at the optimum; 300 shapes (the min-cost flow with divisibility
-cuts since issue 13's last session, the exact LP at ~6 CPU s before) ~0.85-1.4 CPU s, +0.35 %,
-2235 unplaced vs optimum 2227; 1,000 shapes 1.3-1.9 s, +0.39 %, 2741 vs bound 2731; one per
-deployment 1.9-2.7 s, +0.47 % at 70 %, 2675 vs bound 2674 (the bench's own LP bound did not
-finish in 120 s at 92 %). Headline: FAIL (time above 300 shapes; unplaced +1 to +10 GPUs).
+7, 11 and 13): 60 shapes at the optimum; 300 shapes 0.47 / 0.66 CPU s, +0.25 / +0.29 %, 2227
+unplaced = the optimum; 1,000 shapes 0.56 / 0.96 s, +0.45 / +0.36 %, 2731 = the LP bound; one
+per deployment 0.96 / 1.42 s, +0.48 % at 70 %, 2683 at 92 % (bound 2674; the bench's own LP
+bound did not finish in 120 s there). Headline: FAIL (one per deployment at 92 %: time and
+no bound). Seed 11: worst 0.99 CPU s, cost +0.59 % (one per deployment, 70 %), unplaced +8
+GPUs (1,000 shapes, 92 %): FAIL. --no-bound skips the bounds (time and unplaced only).
 
 Usage: .venv/bin/python bench/placement.py [--quick | --no-bound] [--seed N]
        [--families 60,300,1000,one]
