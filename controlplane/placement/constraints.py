@@ -8,6 +8,7 @@ spread and spot fraction depend on the evolving plan and are checked by the engi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,15 +130,15 @@ class Tables:
         """Cumulative masks, one per static constraint in binding_constraint() order."""
         pol: PlacementPolicy = dep.policy
         mask = self.gpi >= dep.gpus_per_replica
-        mask &= np.isin(self.pool_type, [self.type_index.get(t, -1) for t in dep.gpu_types])
+        mask &= _among(self.pool_type, [self.type_index.get(t) for t in dep.gpu_types])
         stages = [("gpu_types", mask)]
         if pol.allowed_jurisdictions:
             allowed = [i for j, i in self.juris_index.items() if j in pol.allowed_jurisdictions]
-            mask = mask & np.isin(self.pool_juris, allowed)
+            mask = mask & _among(self.pool_juris, allowed)
         stages.append(("allowed_jurisdictions", mask))
         if pol.allowed_regions:
-            allowed = [self.region_index.get(r, -1) for r in pol.allowed_regions]
-            mask = mask & np.isin(self.pool_region, allowed)
+            allowed = [self.region_index.get(r) for r in pol.allowed_regions]
+            mask = mask & _among(self.pool_region, allowed)
         stages.append(("allowed_regions", mask))
         if pol.required_certifications:
             bits = [self.cert_bits.get(c) for c in pol.required_certifications]
@@ -154,6 +155,15 @@ class Tables:
 
     def jurisdiction_of(self, region: str) -> str:
         return self.inp.regions[self.region_index[region]].jurisdiction
+
+
+def _among(codes: np.ndarray, allowed: Sequence[int | None]) -> np.ndarray:
+    """codes (non-negative ints) in `allowed` (None: a name no pool has): np.isin by a
+    lookup table."""
+    known = [a for a in allowed if a is not None]
+    table = np.zeros(max([int(codes.max(initial=-1)), *known]) + 1, dtype=bool)
+    table[known] = True
+    return table[codes]
 
 
 def binding_constraint(

@@ -9,10 +9,10 @@
    its unplaced GPUs equal the whole-replica optimum on the bench's families) gives them
    instead, cut into whole replicas per pool; the LP on merged classes x pool groups
    (coarse.py) only if that solver is missing or fails.
-   Bench (bench/placement.py, seed 7, 92 %, CPU s on a shared machine): 60 shapes 0.6-0.9
-   s at the optimum; 300 shapes 0.8-1.4 s, 2235 unplaced (optimum 2227; exact LP ~6 s);
-   1,000 shapes 1.3-1.9 s, 2741 (bound 2731); one per deployment 1.9-2.7 s, 2675 (bound
-   2674): see docs/placement.md for what is left.
+   Seed 7, 92 %, CPU s of place() on a shared machine (docs/placement.md, "Status"): 60
+   shapes 0.45-0.7 s at the optimum; 300 shapes 0.5-0.9 s, 2227 unplaced (= the optimum);
+   1,000 shapes 0.7-1.1 s, 2731 (= the LP bound); one per deployment 1.0-1.4 s, 2683
+   (bound 2674): see docs/placement.md for what is left.
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.
@@ -172,9 +172,9 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
         quotas = transport.solve(problem)
         if quotas is None:
             quotas = _greedy_quotas(cost, sizes, demand, spot, rank, free, t.is_spot)
-    plan.reserved = np.zeros(n_pool, dtype=np.int64)
-    for m in np.unique(of):
-        plan.reserved += quotas[m] * sizes[np.flatnonzero(of == m)[0]]
+    merged_size = np.zeros(len(quotas), dtype=np.int64)
+    merged_size[of[::-1]] = sizes[::-1]  # a merged class's size: its first class's
+    plan.reserved = merged_size @ quotas
     for c, ds in enumerate(members):
         for d in ds:
             plan.quota[d] = quotas[of[c]]  # one array per merged class: members share it

@@ -1,9 +1,9 @@
-"""Quotas for many classes: a min-cost flow in GPUs (OR-Tools' compiled solver).
+"""Quotas for many classes: a min-cost flow in GPUs (LEMON's network simplex, pylmcf).
 
 Above MAX_CLASSES classes the class x pool LP through HiGHS's general simplex takes
 seconds. Without the whole-replica coupling of a pool's replica sizes the problem is a
-network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by OR-Tools'
-SimpleMinCostFlow. Flow in GPUs:
+network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by LEMON's network
+simplex. Flow in GPUs:
 
   class c (supply size_c * demand_c)
     -> [its spot node: size_c * spot budget]      (on the way to spot pools only)
@@ -34,8 +34,16 @@ largest remainders while a class has demand and spot budget left), cheapest pool
 Only a pool's mix of sizes loses GPUs to rounding, at most size - 1 per (pool, size);
 the fill, the second pass and repair place that.
 The spread nodes assume a region lies within one provider (as region names do here).
+
+Smaller network, same optimum: a spread node whose cap cannot bind is left out (a cap of
+at least the class's demand, or a region's cap not below that of the class's node for
+the region's provider), and the solver sees the network without its pass-through nodes
+(one arc in, one out, no supply: a region with one group, the top of a pool's size
+chain, the pool node under its one size), whose two arcs become one (`contract`). One
+shape per deployment, 92 %, seed 7: 35.6k nodes -> 17.7k (arcs 209k -> 191k), the solve
+0.74-0.86 -> 0.40-0.54 CPU s on a shared machine; 1,000 shapes 24.5k -> 12.7k, 0.43 -> 0.21 s.
 Deterministic: the solver is exact and single-threaded; ties are broken by index.
-Returns None when OR-Tools is missing or the solver fails; the caller falls back.
+Returns None when pylmcf is missing or the solver fails; the caller falls back.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.ma  # np.unique imports it on first use (~0.1 s, in a re-plan)
 
 from controlplane.placement import transport
 
@@ -64,25 +73,79 @@ def _int_costs(cost: np.ndarray) -> np.ndarray:
 def pool_groups(pr: transport.Problem, region: np.ndarray) -> np.ndarray:
     """Group of each pool: pools every class sees alike (admissibility, spot, spread groups
     and region), numbered by their first pool."""
-    finite = np.isfinite(pr.cost)
-    weights = np.sqrt(np.arange(2, finite.shape[0] + 2, dtype=float))  # a column fingerprint
+    # each pool's admissibility column, packed into bytes: equal columns, equal bytes
+    bits = np.ascontiguousarray(np.packbits(np.isfinite(pr.cost), axis=0).T)
+    if bits.shape[1]:
+        _, seen_by = np.unique(bits.view(np.dtype((np.void, bits.shape[1]))), return_inverse=True)
+    else:  # no classes: every pool is seen alike
+        seen_by = np.zeros(len(bits), dtype=np.int64)
     key = np.stack(
-        [weights @ finite, pr.is_spot.astype(float), region.astype(float)]
-        + [sp.group.astype(float) for sp in pr.spread]
+        [seen_by.ravel(), pr.is_spot.astype(np.int64), region.astype(np.int64)]
+        + [sp.group.astype(np.int64) for sp in pr.spread]
     )
     _, first, group = np.unique(key, axis=1, return_index=True, return_inverse=True)
-    group = group.ravel()
-    alike = (finite == finite[:, first[group]]).all(axis=0)  # no fingerprint collision
-    group = np.where(alike, group, len(first) + np.arange(len(group)))
-    _, first, group = np.unique(group, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # number groups by their first pool
     return rank[group.ravel()]
+
+
+def contract(n_nodes, tail, head, cap, cost, supply):
+    """The same network without its pass-through nodes (no supply, one arc in, one out).
+
+    u -> v -> w becomes u -> w at the smaller capacity and the summed cost, which carries
+    the same flows at the same cost, and the network simplex has fewer nodes to pivot
+    (one shape per deployment: 11k of 29k nodes; ~40 % less solver time). Returns
+    (n_nodes, tail, head, cap, cost, supply, arc) where arc[i] is the new arc that carries
+    the flow of old arc i."""
+    tail, head, cap, cost = tail.copy(), head.copy(), cap.copy(), cost.copy()
+    alive = np.ones(len(tail), dtype=bool)
+    arc = np.arange(len(tail))
+    while True:
+        ids = np.flatnonzero(alive)
+        through = (
+            (np.bincount(head[ids], minlength=n_nodes) == 1)
+            & (np.bincount(tail[ids], minlength=n_nodes) == 1)
+            & (supply == 0)
+        )
+        arc_in = np.full(n_nodes, -1, dtype=np.int64)
+        arc_out = np.full(n_nodes, -1, dtype=np.int64)
+        arc_in[head[ids]] = ids
+        arc_out[tail[ids]] = ids
+        v = np.flatnonzero(through)
+        v = v[~through[tail[arc_in[v]]]]  # the first of each chain: one link a round
+        if not len(v):
+            break
+        a, b = arc_in[v], arc_out[v]
+        head[a] = head[b]
+        cap[a] = np.minimum(cap[a], cap[b])
+        cost[a] += cost[b]
+        alive[b] = False
+        into = np.full(len(tail), -1, dtype=np.int64)
+        into[b] = a
+        moved = into[arc] >= 0
+        arc[moved] = into[arc[moved]]
+    ids = np.flatnonzero(alive)
+    used = supply != 0
+    used[tail[ids]] = True
+    used[head[ids]] = True
+    number = np.cumsum(used) - 1
+    position = np.full(len(tail), -1, dtype=np.int64)
+    position[ids] = np.arange(len(ids))
+    return (
+        int(used.sum()),
+        number[tail[ids]],
+        number[head[ids]],
+        cap[ids],
+        cost[ids],
+        supply[used],
+        position[arc],
+    )
 
 
 def _min_cost_flow(n_nodes, tail, head, cap, cost, supply) -> np.ndarray | None:
     """Optimal integral flow per arc (LEMON's network simplex), or None."""
     if CGraph is None:  # pragma: no cover - pylmcf is a dependency
         return None
+    n_nodes, tail, head, cap, cost, supply, arc = contract(n_nodes, tail, head, cap, cost, supply)
     order = np.lexsort((head, tail))  # the solver takes arcs sorted by (tail, head)
     graph = CGraph(n_nodes, tail[order].astype(np.int32), head[order].astype(np.int32))
     graph.set_node_supply(supply)
@@ -94,7 +157,7 @@ def _min_cost_flow(n_nodes, tail, head, cap, cost, supply) -> np.ndarray | None:
         return None
     flow = np.empty(len(tail), dtype=np.int64)
     flow[order] = graph.result()
-    return flow
+    return flow[arc]
 
 
 class _Arcs:
@@ -159,8 +222,15 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
         budget = np.minimum(pr.spot_cap[spot_classes], demand[spot_classes])
         arcs.add(spot_classes, spot_node[spot_classes], sizes[spot_classes] * budget, 0)
         start[spot] = spot_node[cs[spot]]
+    # the most replicas of its class a pair's start node passes on: a spread node that
+    # would not hold its pairs below that is left out (exact): a cap of at least the
+    # class's demand, or a region's where the class's node for the region's provider
+    # already holds it to as few replicas
+    limit = demand[cs].astype(float)
     for sp in pr.spread:  # providers first, then regions (which lie within one)
-        on = np.flatnonzero(~spot & np.isfinite(sp.cap[cs, sp.group[rep[gs]]]))
+        pair_cap = sp.cap[cs, sp.group[rep[gs]]]
+        on = np.flatnonzero(~spot & np.isfinite(pair_cap) & (pair_cap < limit))
+        limit[on] = pair_cap[on]
         if not len(on):
             continue
         width = int(sp.group.max()) + 1
@@ -184,13 +254,11 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     hub_s, hub_g = hubs // n_g, hubs % n_g
     by_group = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[by_group], np.arange(n_g + 1))
-    h_list, p_list = [], []
-    for h, (s, g) in enumerate(zip(hub_s, hub_g, strict=True)):
-        ps = by_group[bounds[g] : bounds[g + 1]]
-        ps = ps[slots[s, ps] > 0]
-        h_list.append(np.full(len(ps), h))
-        p_list.append(ps)
-    out_h, out_p = np.concatenate(h_list), np.concatenate(p_list)
+    width = bounds[hub_g + 1] - bounds[hub_g]  # each hub x its group's pools, in order
+    out_h = np.repeat(np.arange(len(hubs)), width)
+    out_p = by_group[np.repeat(bounds[hub_g], width) + _ranks(width)]
+    with_room = slots[hub_s[out_h], out_p] > 0
+    out_h, out_p = out_h[with_room], out_p[with_room]
     out_s = size_values[hub_s[out_h]]
     # divisibility cuts as a network: replicas whose size is a multiple of s use at most
     # s x floor(free / s) GPUs of a pool, so each size's node of a pool passes its flow on
@@ -227,6 +295,12 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     f_out = f[out_arc0 : out_arc0 + len(out_h)]
     _whole_replicas(pr, quotas, free, (cs, hub_of, f_in), (out_h, out_p, out_s, f_out), unit)
     return quotas
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[0] - 1, 0, 1, ..., counts[1] - 1, ...: each item's place in its run."""
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum())) - np.repeat(starts, counts)
 
 
 def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
@@ -274,19 +348,29 @@ def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
     classes_by_hub = wanting[
         np.lexsort((cs[wanting], -pr.priority_rank[cs[wanting]], hub_of[wanting]))
     ]
-    pi = np.searchsorted(out_h[pools_by_hub], np.arange(n_hubs + 1))
-    ci = np.searchsorted(hub_of[classes_by_hub], np.arange(n_hubs + 1))
-    for h in np.flatnonzero((np.diff(pi) > 0) & (np.diff(ci) > 0)):
-        pk = pools_by_hub[pi[h] : pi[h + 1]]
-        room = r[pk].copy()
-        j = 0
-        for k in classes_by_hub[ci[h] : ci[h + 1]]:
-            need = int(want[k])
-            while need > 0 and j < len(pk):
-                take = min(need, int(room[j]))
-                if take:
-                    quotas[cs[k], out_p[pk[j]]] += take
-                    room[j] -= take
-                    need -= take
-                if room[j] == 0:
-                    j += 1
+    # per hub, classes in order take the pools' replicas in order (north-west corner), as
+    # far as the hub's replicas go
+    room = r[pools_by_hub]
+    room_of = np.bincount(out_h[pools_by_hub], weights=room, minlength=n_hubs).astype(np.int64)
+    taking = want[classes_by_hub]
+    hub_k = hub_of[classes_by_hub]
+    before = np.cumsum(taking) - taking  # wanted by the earlier classes (and hubs) ...
+    first_k = np.searchsorted(hub_k, hub_k)  # each hub's first class position
+    before = before - before[first_k]  # ... of the hub
+    taking = np.clip(before + taking, 0, room_of[hub_k]) - np.clip(before, 0, room_of[hub_k])
+    # pad each hub's classes with its unwanted replicas, so both sides sum equal per hub
+    unwanted = room_of - np.bincount(hub_k, weights=taking, minlength=n_hubs).astype(np.int64)
+    side_c = np.concatenate([classes_by_hub, np.full(n_hubs, -1)])
+    side_h = np.concatenate([hub_k, np.arange(n_hubs)])
+    side_n = np.concatenate([taking, unwanted])
+    order = np.lexsort((np.arange(len(side_h)), side_h))  # a hub's classes, then its pad
+    side_c, side_n = side_c[order], side_n[order]
+    ca, cb = np.cumsum(side_n), np.cumsum(room)
+    cut = np.union1d(ca, cb)
+    lo = np.concatenate([[0], cut[:-1]])
+    keep = cut > lo
+    lo, hi = lo[keep], cut[keep]
+    k = side_c[np.searchsorted(ca, lo, side="right")]
+    j = pools_by_hub[np.searchsorted(cb, lo, side="right")]
+    real = k >= 0
+    np.add.at(quotas, (cs[k[real]], out_p[j[real]]), (hi - lo)[real])

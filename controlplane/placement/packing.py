@@ -152,6 +152,13 @@ def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
     return np.where(ok, t.cost(d), INF)
 
 
+def _member(values: np.ndarray, held: set[int], n: int) -> np.ndarray:
+    """values in `held` (ints below n): np.isin by a lookup table, ~10x faster here."""
+    table = np.zeros(n, dtype=bool)
+    table[list(held)] = True
+    return table[values]
+
+
 def spread_filter(
     plan: Plan, d: int, cost: np.ndarray, idx: np.ndarray | None = None
 ) -> tuple[np.ndarray, str | None]:
@@ -166,8 +173,8 @@ def spread_filter(
         return cost, None
     prov = t.pool_provider if idx is None else t.pool_provider[idx]
     reg = t.pool_region if idx is None else t.pool_region[idx]
-    new_p = ~np.isin(prov, list(provs)) if need_p else True
-    new_r = ~np.isin(reg, list(regs)) if need_r else True
+    new_p = ~_member(prov, provs, len(t.providers)) if need_p else True
+    new_r = ~_member(reg, regs, len(t.region_index)) if need_r else True
     both = np.where(new_p & new_r, cost, INF)
     if np.isfinite(both).any() or not (need_p and need_r):
         unmet = "min_distinct_providers" if need_p else "min_distinct_regions"
@@ -197,6 +204,7 @@ def _options(
     """(pools, their effective cost for d now or inf, their free GPUs for d, unmet spread):
     the cost of candidates() with spread_filter() and the quota bonus, on d's pools only."""
     t = plan.t
+    s = plan.size(d)
     quota = plan.quota.get(d)
     if only_quota:
         idx = np.flatnonzero(quota > 0) if quota is not None else np.zeros(0, dtype=np.int64)
@@ -204,21 +212,23 @@ def _options(
     else:
         idx = t.compat_index(d)
     free = t.cap[idx] - plan.used[idx]
+    mine = quota[idx] if quota is not None else None
     if plan.reserved is not None:
-        free = free - plan.reserved[idx]
-        if quota is not None:
-            free = free + quota[idx] * plan.size(d)
-    ok = free >= plan.size(d)
+        free -= plan.reserved[idx]
+        if mine is not None:
+            free += mine * s
+    ok = free >= s
+    spot = t.is_spot[idx]
     spot_ok = plan.spot_budget(d) > 0
     if not spot_ok:
-        ok &= ~t.is_spot[idx]
+        ok &= ~spot
     cost = np.where(ok, t.cost(d)[idx], INF)
     cost, unmet = spread_filter(plan, d, cost, idx)
-    if quota is not None:  # pools the class-level LP reserved for this shape first
-        q = quota[idx] > 0
+    if mine is not None:  # pools the class-level LP reserved for this shape first
+        q = mine > 0
         cost = np.where(q, cost - QUOTA_BONUS, cost)
         if spot_ok:  # spot quota is only usable by members with budget
-            cost = np.where(q & t.is_spot[idx], cost - QUOTA_BONUS, cost)
+            cost = np.where(q & spot, cost - QUOTA_BONUS, cost)
     return idx, cost, free, unmet
 
 

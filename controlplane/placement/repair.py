@@ -39,16 +39,14 @@ MAX_TARGETS = 4  # target pools tried per moved replica
 def _move_one(plan: Plan, e: int, p: int) -> int | None:
     """Move one replica of e out of pool p to the cheapest admissible pool; return it."""
     t = plan.t
-    ok = t.compat(e) & (t.cap - plan.used >= plan.size(e))
-    ok[p] = False
+    idx = t.compat_index(e)  # e's admissible pools: the search is over those only
+    ok = (t.cap[idx] - plan.used[idx] >= plan.size(e)) & (idx != p)
     if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
-        ok &= ~t.is_spot
-    cost = np.where(ok, t.cost(e), INF)
-    order = np.argsort(cost, kind="stable")[:MAX_TARGETS]
-    for q in order:
-        q = int(q)
-        if not math.isfinite(cost[q]):
-            return None
+        ok &= ~t.is_spot[idx]
+    targets = idx[ok]
+    cost = t.cost(e)[targets]
+    for i in np.argsort(cost, kind="stable")[:MAX_TARGETS]:
+        q = int(targets[i])
         plan.remove(e, p, 1)
         plan.add(e, q, 1)
         if spread_ok(plan, e) and plan.spot_budget(e) >= 0:
@@ -82,25 +80,22 @@ def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, i
     return None
 
 
-def _room_mask(plan: Plan, d: int) -> np.ndarray:
-    """Pools where one more replica of d may go: admissible, and adding a provider/region
-    while d spans fewer than its policy asks."""
-    cost, _unmet = spread_filter(plan, d, np.zeros(len(plan.t.pool_ids)))
-    return plan.t.compat(d) & np.isfinite(cost)
-
-
 def make_room(plan: Plan, d: int) -> bool:
-    """Free a compatible pool for one more replica of d by moving others; True if done."""
+    """Free a compatible pool for one more replica of d by moving others; True if done.
+
+    The pools: admissible ones without room, adding a provider/region while d spans
+    fewer than its policy asks."""
     t = plan.t
     s = plan.size(d)
-    free = t.cap - plan.used
-    ok = _room_mask(plan, d) & (free < s) & (t.cap >= s)
+    idx = t.compat_index(d)
+    spread, _unmet = spread_filter(plan, d, np.zeros(len(idx)), idx)
+    ok = np.isfinite(spread) & (t.cap[idx] - plan.used[idx] < s) & (t.cap[idx] >= s)
     if plan.spot_budget(d) <= 0:
-        ok &= ~t.is_spot
-    cost = np.where(ok, t.cost(d), INF)
-    for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
-        p = int(p)
-        if not math.isfinite(cost[p]):
+        ok &= ~t.is_spot[idx]
+    cost = np.where(ok, t.cost(d)[idx], INF)
+    for i in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
+        p = int(idx[i])
+        if not math.isfinite(cost[i]):
             return False
         if _free_pool(plan, p, s, protect=d) is not None:
             return True
@@ -111,17 +106,21 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     """fill(), then make room for what is left, then displace lower priority; returns placed."""
     placed = fill(plan, d, k)
     dep = plan.t.inp.deployments[d]
+    harmful_ok = True  # the first eviction may break a victim's spread, later ones not
     while placed < k and (plan.blocked.get(d) == "capacity" or plan.blocked.get(d) in SPREAD):
         shape = (dep.gpus_per_replica, id(plan.t.compat(d)), plan.spot_budget(d) > 0, dep.priority)
         by_capacity = plan.blocked.get(d) == "capacity"
         if by_capacity and shape in plan.no_room:
             break
         # a spread-blocked deployment may move others aside, never displace them
-        if make_room(plan, d) or (by_capacity and displace(plan, d)):
+        if make_room(plan, d) or (by_capacity and displace(plan, d, harmful_ok)):
             got = fill(plan, d, 1)
             if got == 0:
                 break
             placed += got
+            harmful_ok = False
+            if placed < k:  # what is left, and why not (a placed replica clears `blocked`)
+                placed += fill(plan, d, k - placed)
         else:
             if by_capacity:
                 plan.no_room.add(shape)
@@ -129,19 +128,20 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     return placed
 
 
-def displace(plan: Plan, d: int) -> bool:
+def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:
     """Evict lower-priority replicas from the cheapest pool where that frees room for d,
     preferring pools and victims where no victim's spread rule breaks (a victim left on
     one provider would lose all but one replica)."""
     t = plan.t
     s = plan.size(d)
-    ok = t.compat(d) & (t.cap >= s)
+    idx = t.compat_index(d)
+    ok = t.cap[idx] >= s
     if plan.spot_budget(d) <= 0:
-        ok &= ~t.is_spot
-    cost = np.where(ok, t.cost(d), INF)
-    pools = [int(p) for p in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]]
-    pools = [p for p in pools if math.isfinite(cost[p])]
-    for harmless in (True, False):
+        ok &= ~t.is_spot[idx]
+    cost = np.where(ok, t.cost(d)[idx], INF)
+    best = np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]
+    pools = [int(idx[i]) for i in best if math.isfinite(cost[i])]
+    for harmless in (True, False) if harmful_ok else (True,):
         for p in pools:
             victims = _victims(plan, d, p, harmless)
             if victims is not None:

@@ -73,8 +73,8 @@ class Problem:
 
 
 def _penalties(pr: Problem) -> np.ndarray:
-    finite = pr.cost[np.isfinite(pr.cost)]
-    base = 10.0 * (float(finite.max()) + 1.0) if finite.size else 10.0
+    top = float(np.max(pr.cost, where=np.isfinite(pr.cost), initial=-np.inf))
+    base = 10.0 * (top + 1.0) if np.isfinite(top) else 10.0
     rank = np.minimum(pr.priority_rank, MAX_PRIORITY_LEVELS)
     return base * PRIORITY_STEP**rank
 

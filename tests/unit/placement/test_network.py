@@ -147,3 +147,75 @@ def test_rules_hold_on_the_flow_path(seed, load):
 def test_the_flow_path_prints_nothing(flow_path, capfd):
     place(world(3, 60, 0.95))
     assert capfd.readouterr() == ("", "")
+
+
+def test_region_caps_hold_beside_provider_caps():
+    # provider 0 holds regions 0 and 1 (cheapest first); the class may put 4 replicas on
+    # provider 0 and 2 (then 5: no tighter than the provider's, its node left out) in one
+    # region of it
+    region, provider = np.array([0, 1, 2]), np.array([0, 0, 1])
+    unit = np.array([1.0, 1.5, 2.0])
+    for region_cap, expect in ((2.0, [2, 2, 2]), (5.0, [4, 0, 2])):
+        spread = (
+            transport.Spread(provider, np.array([[4.0, 4.0]])),
+            transport.Spread(region, np.array([[region_cap] * 3])),
+        )
+        pr = problem([unit.tolist()], sizes=[1], demand=[6], free=[8, 8, 8], spread=spread)
+        q = network.solve(pr, unit, region)
+        assert q is not None
+        check_quotas(pr, q)
+        assert q[0].tolist() == expect
+
+
+def _direct_flow(n_nodes, tail, head, cap, cost, supply) -> int:
+    """The optimum cost of the network as given (no contraction)."""
+    order = np.lexsort((head, tail))
+    graph = network.CGraph(n_nodes, tail[order].astype(np.int32), head[order].astype(np.int32))
+    graph.set_node_supply(supply)
+    graph.set_edge_capacities(cap[order])
+    graph.set_edge_costs(cost[order])
+    graph.solve()
+    return int((np.asarray(graph.result()) * cost[order]).sum())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_contracted_network_carries_the_same_optimal_flow(seed):
+    # random networks full of pass-through chains (one arc in, one out): the flow that
+    # _min_cost_flow returns per original arc is feasible and as cheap as the optimum of
+    # the network solved as given
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 14))
+    sources, sink = [0, 1], n - 1
+    tail, head = [], []
+    for _ in range(int(rng.integers(n, 3 * n))):
+        u, v = (int(x) for x in rng.choice(n, size=2, replace=False))
+        if u != sink and v not in sources:
+            tail.append(u)
+            head.append(v)
+    for s in sources:  # the unplaced arcs: always feasible
+        tail.append(s)
+        head.append(sink)
+    # pass-through chains hanging between random nodes
+    for _ in range(int(rng.integers(1, 4))):
+        u, v = int(rng.integers(0, n - 1)), int(rng.integers(2, n))
+        chain = [u, *range(n, n + int(rng.integers(1, 4))), v]
+        n += len(chain) - 2
+        tail += chain[:-1]
+        head += chain[1:]
+    t, h = np.array(tail, dtype=np.int64), np.array(head, dtype=np.int64)
+    keep = t != h
+    t, h = t[keep], h[keep]
+    cap = rng.integers(0, 9, size=len(t)).astype(np.int64)
+    cost = rng.integers(0, 20, size=len(t)).astype(np.int64)
+    cap[-1:] = 100
+    supply = np.zeros(n, dtype=np.int64)
+    supply[sources] = rng.integers(1, 10, size=2)
+    cap[(t == 0) & (h == sink)] = cap[(t == 1) & (h == sink)] = 100
+    cost[(h == sink) & np.isin(t, sources)] = 1000
+    supply[sink] = -supply[sources].sum()
+    flow = network._min_cost_flow(n, t, h, cap, cost, supply)
+    assert flow is not None
+    assert ((flow >= 0) & (flow <= cap)).all()
+    balance = np.bincount(t, weights=flow, minlength=n) - np.bincount(h, weights=flow, minlength=n)
+    assert balance.astype(np.int64).tolist() == supply.tolist()
+    assert int((flow * cost).sum()) == _direct_flow(n, t, h, cap, cost, supply)

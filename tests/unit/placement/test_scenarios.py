@@ -220,3 +220,38 @@ def test_deployments_of_one_spread_class_share_the_scarce_second_provider():
     assert result.unplaced == ()
     for dep in deps:
         assert replicas_by_pool(result, dep.name) == {"aws": 2, "gcp": 1}
+
+
+def test_higher_priority_displaces_for_every_replica_it_needs():
+    # repair places one replica per room it makes and must go on for the next: prod's two
+    # replicas each evict one of batch's (the first pass left prod with none)
+    pool = make_pool("only", capacity=16)
+    low = make_deployment("batch", gpus=8, replicas=2, priority=0)
+    first = place(make_input([pool], [low]))
+    high = make_deployment("prod", gpus=8, replicas=2, priority=10)
+
+    result = place(make_input([pool], [low, high], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"only": 2}
+    assert [(u.deployment, u.replicas, u.constraint) for u in result.unplaced] == [
+        ("batch", 2, "priority")
+    ]
+
+
+def test_a_second_eviction_does_not_break_the_victims_spread():
+    # ha spans two providers with two replicas each; prod (only aws) needs both of ha's
+    # aws slots: the first eviction leaves ha on two providers, the second would leave it
+    # on gcp alone (and trim it to one replica): repair stops at the first
+    aws = make_pool("aws", capacity=8, price=1.0)
+    gcp = make_pool("gcp", provider="gcp", region="gcp:us-central1", capacity=8, price=1.0)
+    ha = make_deployment("ha", gpus=4, replicas=4, min_distinct_providers=2)
+    first = place(make_input([aws, gcp], [ha]))
+    assert replicas_by_pool(first, "ha") == {"aws": 2, "gcp": 2}
+    prod = make_deployment(
+        "prod", gpus=4, replicas=2, priority=10, allowed_regions=frozenset({"aws:us-east-1"})
+    )
+
+    result = place(make_input([aws, gcp], [ha, prod], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"aws": 1}
+    assert replicas_by_pool(result, "ha") == {"aws": 1, "gcp": 2}
