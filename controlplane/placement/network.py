@@ -70,11 +70,14 @@ def _int_costs(cost: np.ndarray) -> np.ndarray:
     return np.round(cost * COST_SCALE).astype(np.int64)
 
 
-def pool_groups(pr: transport.Problem, region: np.ndarray) -> np.ndarray:
+def pool_groups(
+    pr: transport.Problem, region: np.ndarray, finite: np.ndarray | None = None
+) -> np.ndarray:
     """Group of each pool: pools every class sees alike (admissibility, spot, spread groups
-    and region), numbered by their first pool."""
+    and region), numbered by their first pool. `finite`: np.isfinite(pr.cost) if known."""
+    finite = np.isfinite(pr.cost) if finite is None else finite
     # each pool's admissibility column, packed into bytes: equal columns, equal bytes
-    bits = np.ascontiguousarray(np.packbits(np.isfinite(pr.cost), axis=0).T)
+    bits = np.ascontiguousarray(np.packbits(finite, axis=0).T)
     if bits.shape[1]:
         _, seen_by = np.unique(bits.view(np.dtype((np.void, bits.shape[1]))), return_inverse=True)
     else:  # no classes: every pool is seen alike
@@ -192,20 +195,23 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     demand = np.maximum(pr.demand, 0).astype(np.int64)
     free = np.maximum(pr.free, 0).astype(np.int64)
     finite = np.isfinite(pr.cost)
-    group = pool_groups(pr, region)
+    group = pool_groups(pr, region, finite)
     n_g = int(group.max()) + 1 if n_p else 0
     rep = np.zeros(n_g, dtype=np.int64)
     rep[group[::-1]] = np.arange(n_p)[::-1]  # first pool of each group
     size_values, size_of = np.unique(sizes, return_inverse=True)
     size_of = size_of.ravel()
     # replicas of each size each group can take; class x group pairs that may be used
+    # (computed on the admissible pairs only, not as C x G arrays)
     slots = free[None, :] // size_values[:, None]  # S x P
     g_slots = np.stack([np.bincount(group, weights=s, minlength=n_g) for s in slots])
-    g_room = np.where(finite[:, rep], g_slots[size_of], 0)  # C x G replicas
+    cs, gs = np.nonzero(finite[:, rep])
+    room = g_slots[size_of[cs], gs]  # replicas of the pair
     spot_g = pr.is_spot[rep]
-    g_room = np.where(spot_g[None, :], np.minimum(g_room, pr.spot_cap[:, None]), g_room)
-    g_room = np.minimum(g_room, demand[:, None]).astype(np.int64)
-    cs, gs = np.nonzero(g_room > 0)
+    room = np.where(spot_g[gs], np.minimum(room, pr.spot_cap[cs]), room)
+    room = np.minimum(room, demand[cs]).astype(np.int64)
+    on = room > 0
+    cs, gs, room = cs[on], gs[on], room[on]
     if not len(cs):
         return quotas
 
@@ -249,7 +255,7 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     hub_node = n_nodes + np.arange(len(hubs))
     n_nodes += len(hubs)
     location = _int_costs(pr.cost[cs, rep[gs]] - unit[rep[gs]])
-    in_arc0 = arcs.add(start, hub_node[hub_of], sizes[cs] * g_room[cs, gs], location)
+    in_arc0 = arcs.add(start, hub_node[hub_of], sizes[cs] * room, location)
     # hub -> each of its group's pools with room for one replica of its size
     hub_s, hub_g = hubs // n_g, hubs % n_g
     by_group = np.argsort(group, kind="stable")

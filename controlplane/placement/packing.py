@@ -165,9 +165,10 @@ def spread_filter(
     """Restrict to pools that add a needed provider/region; returns (costs, unmet need).
     `cost` is over all pools, or over the pools `idx` when given."""
     t = plan.t
-    target = t.inp.deployments[d].target_replicas
+    kp, kr = spread_need(plan, d, t.inp.deployments[d].target_replicas)
+    if kp <= 1 and kr <= 1:  # nothing to span: no need whatever d holds
+        return cost, None
     provs, regs = plan.spread_sets(d)
-    kp, kr = spread_need(plan, d, target)
     need_p, need_r = 0 < len(provs) < kp, 0 < len(regs) < kr
     if not (need_p or need_r):
         return cost, None
@@ -226,9 +227,10 @@ def _options(
     cost, unmet = spread_filter(plan, d, cost, idx)
     if mine is not None:  # pools the class-level LP reserved for this shape first
         q = mine > 0
-        cost = np.where(q, cost - QUOTA_BONUS, cost)
+        # x - QUOTA_BONUS * False is x itself: the same floats as np.where, fewer arrays
+        cost = cost - QUOTA_BONUS * q
         if spot_ok:  # spot quota is only usable by members with budget
-            cost = np.where(q & spot, cost - QUOTA_BONUS, cost)
+            cost -= QUOTA_BONUS * (q & spot)
     return idx, cost, free, unmet
 
 
