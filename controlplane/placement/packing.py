@@ -140,16 +140,22 @@ def free_for(plan: Plan, d: int) -> np.ndarray:
     return free
 
 
-def candidates(plan: Plan, d: int, exclude: int = -1) -> np.ndarray:
-    """Effective cost of every pool that can take one more replica of d now (inf if not)."""
+def candidates(plan: Plan, d: int, exclude: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """(d's admissible pools, the effective cost of each that can take one more replica of
+    d now, inf if not): the arrays are over compat_index(d), not all pools."""
     t = plan.t
     s = plan.size(d)
-    ok = t.compat(d) & (free_for(plan, d) >= s)
+    idx = t.compat_index(d)
+    free = t.cap[idx] - plan.used[idx]
+    if plan.reserved is not None:  # as free_for(): others' flow quotas are not free for d
+        quota = plan.quota.get(d)
+        free = free - plan.reserved[idx] + (quota[idx] * s if quota is not None else 0)
+    ok = free >= s
     if plan.spot_budget(d) <= 0:
-        ok &= ~t.is_spot
+        ok &= ~t.is_spot[idx]
     if exclude >= 0:
-        ok[exclude] = False
-    return np.where(ok, t.cost(d), INF)
+        ok &= idx != exclude
+    return idx, np.where(ok, t.cost(d)[idx], INF)
 
 
 def _member(values: np.ndarray, held: set[int], n: int) -> np.ndarray:

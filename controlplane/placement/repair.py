@@ -221,12 +221,13 @@ def _improve_one(plan: Plan, d: int, churn: float) -> bool:
     for p in sorted(plan.alloc[d], key=lambda p: (-cost[p], p)):
         while p in plan.alloc[d]:
             kept = plan.kept[d].get(p, 0) > 0
-            best = candidates(plan, d, exclude=p)
-            q = int(np.argmin(best))
-            if not best[q] < cost[p] - (churn if kept else 1e-9):
+            pools, best = candidates(plan, d, exclude=p)
+            i = int(np.argmin(best)) if len(pools) else -1  # the first cheapest, as by pool
+            if i < 0 or not best[i] < cost[p] - (churn if kept else 1e-9):
                 if not kept:  # no pool with room is cheaper, nor for d's cheaper pools
                     return moved
                 break
+            q = int(pools[i])
             n = min(plan.alloc[d][p], int(t.cap[q] - plan.used[q]) // s)
             if kept:
                 n = min(n, plan.kept[d][p])

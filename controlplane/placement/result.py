@@ -90,10 +90,14 @@ def deployment_output(plan: Plan, d: int, cur: Slots) -> DeploymentOutput:
     new: Slots = {}
     cost = objective = 0.0
     row = t.cost(d)
-    for p in sorted(plan.alloc[d]):
-        n = plan.alloc[d][p]
+    alloc = plan.alloc[d]
+    for p in sorted(alloc):
+        n = alloc[p]
         cost += n * s * float(t.price[p])
         objective += n * s * float(row[p])
+        if not cur and n:  # nothing current to keep: all on the first healthy cluster
+            new[(t.healthy_clusters[p][0], t.pool_ids[p])] = n
+            continue
         for c, k in _split_clusters(plan, d, p, n, cur):
             new[(c, t.pool_ids[p])] = k
     assignments = tuple(Assignment(dep.name, c, pid, n) for (c, pid), n in sorted(new.items()))
