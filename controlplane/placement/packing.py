@@ -258,6 +258,8 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: boo
             break
         idx, cost, free, unmet = _options(plan, d, only_quota)
         quota = plan.quota.get(d)
+        if reached and (only_quota or quota is None):  # the order of the pools is known
+            return placed + _fill_in_order(plan, d, k - placed, idx, cost, free, quota)
         if quota is not None and not reached:
             i = _spread_pick(plan, d, cost, quota, idx)
         else:
@@ -279,6 +281,47 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: boo
         plan.add(d, p, n)
         placed += n
     plan.blocked.pop(d, None)
+    return placed
+
+
+def _fill_in_order(
+    plan: Plan,
+    d: int,
+    k: int,
+    idx: np.ndarray,
+    cost: np.ndarray,
+    free: np.ndarray,
+    quota: np.ndarray | None,
+) -> int:
+    """fill()'s loop once d spans what it asks for, on pools that leave the running once
+    taken: each pick fills a pool to its room (or its quota, which in `only_quota` mode
+    then leaves idx) or to the spot budget (then every spot pool leaves), so the picks are
+    the pools in the order of their first cost + EPS_FIT x free, spot ones skipped once
+    the budget is spent: the same pools, one sort instead of an _options() per pick."""
+    t = plan.t
+    s = plan.size(d)
+    placed = 0
+    key = cost + EPS_FIT * free
+    for i in np.argsort(key, kind="stable").tolist():
+        if not math.isfinite(cost[i]):
+            break  # the rest cost inf as well
+        p = int(idx[i])
+        n = min(k - placed, int(free[i]) // s)
+        if t.is_spot[p]:
+            n = min(n, plan.spot_budget(d))
+            if n <= 0:  # the budget is spent: spot pools cost inf now
+                continue
+        if quota is not None and quota[p] > 0:
+            n = min(n, int(quota[p]))
+            quota[p] -= n
+            if plan.reserved is not None:
+                plan.reserved[p] -= n * s
+        plan.add(d, p, n)
+        placed += n
+        if placed >= k:
+            plan.blocked.pop(d, None)
+            return placed
+    plan.blocked[d] = "capacity"
     return placed
 
 
