@@ -36,6 +36,11 @@ class Plan:
     # shapes (size, admissible pools, spot budget left, priority) for which repair found
     # no room: later deployments of the same shape skip the search (room only shrinks)
     no_room: set[tuple[int, int, bool, int]] = field(default_factory=set)
+    # room only grows through remove(): `removals` counts its calls, and repair's
+    # no_target[(id(admissible mask), size)] is `removals` when no admissible pool had
+    # room for one more replica of that size (so none has while the count is unchanged)
+    removals: int = 0
+    no_target: dict[tuple[int, int], int] = field(default_factory=dict)
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
     # previous plan until first written; these sets hold the ones already copied
     shared: bool = False
@@ -77,6 +82,7 @@ class Plan:
         if self.shared:
             self._own(d, p)
         self.touched.add(d)
+        self.removals += 1
         left = self.alloc[d][p] - n
         if left:
             self.alloc[d][p] = left

@@ -39,8 +39,16 @@ MAX_TARGETS = 4  # target pools tried per moved replica
 def _move_one(plan: Plan, e: int, p: int) -> int | None:
     """Move one replica of e out of pool p to the cheapest admissible pool; return it."""
     t = plan.t
+    s = plan.size(e)
+    key = (id(t.compat(e)), s)  # masks live in Tables' cache: ids stay valid
+    if plan.no_target.get(key) == plan.removals:
+        return None  # no admissible pool had room, and none has gained room since
     idx = t.compat_index(e)  # e's admissible pools: the search is over those only
-    ok = (t.cap[idx] - plan.used[idx] >= plan.size(e)) & (idx != p)
+    room = t.cap[idx] - plan.used[idx] >= s
+    if not room.any():  # most victims in a full fleet: remembered until room grows
+        plan.no_target[key] = plan.removals
+        return None
+    ok = room & (idx != p)
     if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
         ok &= ~t.is_spot[idx]
     targets = idx[ok]
