@@ -316,8 +316,8 @@ def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
     sizes = pr.sizes.astype(np.int64)
     # replica slots per (hub, pool): floor, then one more where the pool has the room
     r = f_out // out_s
-    left = free.copy()
-    np.subtract.at(left, out_p, r * out_s)
+    # sums per pool by bincount (exact: integers far below 2**53), not the slower ufunc.at
+    left = free - np.bincount(out_p, weights=r * out_s, minlength=len(free)).astype(np.int64)
     frac = f_out - r * out_s
     for k in np.lexsort((np.arange(len(frac)), -frac)):
         if frac[k] == 0:
@@ -335,7 +335,10 @@ def _whole_replicas(pr, quotas, free, into, out, unit) -> None:
     spot_left = pr.spot_cap.astype(np.int64).copy()
     hub_spot = np.zeros(n_hubs, dtype=bool)
     hub_spot[out_h] = pr.is_spot[out_p]
-    np.subtract.at(spot_left, cs[hub_spot[hub_of]], want[hub_spot[hub_of]])
+    on_spot = hub_spot[hub_of]
+    spot_left -= np.bincount(cs[on_spot], weights=want[on_spot], minlength=len(spot_left)).astype(
+        np.int64
+    )
     for k in np.lexsort((np.arange(len(rest)), -rest)):
         if rest[k] == 0:
             break
