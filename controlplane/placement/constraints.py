@@ -130,15 +130,16 @@ class Tables:
         """Cumulative masks, one per static constraint in binding_constraint() order."""
         pol: PlacementPolicy = dep.policy
         mask = self.gpi >= dep.gpus_per_replica
-        mask &= _among(self.pool_type, [self.type_index.get(t) for t in dep.gpu_types])
+        types = [self.type_index.get(t) for t in dep.gpu_types]
+        mask &= _among(self.pool_type, types, len(self.type_index))
         stages = [("gpu_types", mask)]
         if pol.allowed_jurisdictions:
             allowed = [i for j, i in self.juris_index.items() if j in pol.allowed_jurisdictions]
-            mask = mask & _among(self.pool_juris, allowed)
+            mask = mask & _among(self.pool_juris, allowed, len(self.juris_index))
         stages.append(("allowed_jurisdictions", mask))
         if pol.allowed_regions:
             allowed = [self.region_index.get(r) for r in pol.allowed_regions]
-            mask = mask & _among(self.pool_region, allowed)
+            mask = mask & _among(self.pool_region, allowed, len(self.region_index))
         stages.append(("allowed_regions", mask))
         if pol.required_certifications:
             bits = [self.cert_bits.get(c) for c in pol.required_certifications]
@@ -157,11 +158,11 @@ class Tables:
         return self.inp.regions[self.region_index[region]].jurisdiction
 
 
-def _among(codes: np.ndarray, allowed: Sequence[int | None]) -> np.ndarray:
-    """codes (non-negative ints) in `allowed` (None: a name no pool has): np.isin by a
-    lookup table."""
+def _among(codes: np.ndarray, allowed: Sequence[int | None], n: int) -> np.ndarray:
+    """codes (ints in 0..n-1) in `allowed` (indices below n; None: a name no pool has):
+    np.isin by a lookup table."""
     known = [a for a in allowed if a is not None]
-    table = np.zeros(max([int(codes.max(initial=-1)), *known]) + 1, dtype=bool)
+    table = np.zeros(n, dtype=bool)
     table[known] = True
     return table[codes]
 
