@@ -212,11 +212,17 @@ def rehome_displaced(plan: Plan) -> None:
 def improve(plan: Plan, order: list[int], passes: int = 8) -> None:
     """Move replicas into cheaper pools with room until no move saves enough."""
     churn = plan.t.inp.weights.churn_cost_per_gpu_hour
+    # plan.removals when d last found no cheaper pool: until a replica is removed no pool
+    # gains room (nor d's own replicas change), so it would find none again
+    settled: dict[int, int] = {}
     for _ in range(passes):
         moved = False
         for d in order:
-            if plan.alloc[d]:
-                moved |= _improve_one(plan, d, churn)
+            if plan.alloc[d] and settled.get(d) != plan.removals:
+                if _improve_one(plan, d, churn):
+                    moved = True
+                else:
+                    settled[d] = plan.removals
         if not moved:
             return
 
