@@ -286,7 +286,7 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     supply = sizes * demand
     # a GPU of a bigger replica left unplaced costs a little more: a fraction of a big
     # replica left over loses the whole replica in the rounding, a small one loses less
-    penalty = transport._penalties(pr) * (1.0 + SIZE_TIE * sizes)
+    penalty = transport._penalties(pr, finite) * (1.0 + SIZE_TIE * sizes)
     arcs.add(np.arange(n_c), sink, supply, _int_costs(penalty))
     arcs.add(n_c + np.arange(n_p), sink, free, 0)
 
