@@ -206,8 +206,10 @@ def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray, idx: n
         return int(np.argmin(cost)) if len(cost) else -1
     provs, _regs = plan.spread_sets(d)
     kp, _kr = spread_need(plan, d, t.inp.deployments[d].target_replicas)
-    key = t.pool_provider if len(provs) < kp else t.pool_region
-    left = np.bincount(key, weights=quota, minlength=int(key.max()) + 1)[key[idx[ok]]]
+    by_provider = len(provs) < kp
+    key = t.pool_provider if by_provider else t.pool_region
+    n_keys = len(t.providers) if by_provider else len(t.region_index)  # above key's max
+    left = np.bincount(key, weights=quota, minlength=n_keys)[key[idx[ok]]]
     return int(ok[np.lexsort((idx[ok], cost[ok], -left))[0]])
 
 
