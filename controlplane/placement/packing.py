@@ -281,15 +281,21 @@ def fill(plan: Plan, d: int, k: int, only_quota: bool = False, spread_first: boo
         n = 1 if unmet or not reached else min(k - placed, int(free[i]) // s)
         if t.is_spot[p]:
             n = min(n, plan.spot_budget(d))
-        if quota is not None and quota[p] > 0:
-            n = min(n, int(quota[p]))
-            quota[p] -= n
-            if plan.reserved is not None:
-                plan.reserved[p] -= n * s
-        plan.add(d, p, n)
-        placed += n
+        placed += _take(plan, d, p, n, quota)
     plan.blocked.pop(d, None)
     return placed
+
+
+def _take(plan: Plan, d: int, p: int, n: int, quota: np.ndarray | None) -> int:
+    """Add up to n replicas of d to pool p, no more than p's quota for d where it has one
+    (the quota and the pool's reservation are used up by them); returns how many."""
+    if quota is not None and quota[p] > 0:
+        n = min(n, int(quota[p]))
+        quota[p] -= n
+        if plan.reserved is not None:
+            plan.reserved[p] -= n * plan.size(d)
+    plan.add(d, p, n)
+    return n
 
 
 def _fill_in_order(
@@ -319,13 +325,7 @@ def _fill_in_order(
             n = min(n, plan.spot_budget(d))
             if n <= 0:  # the budget is spent: spot pools cost inf now
                 continue
-        if quota is not None and quota[p] > 0:
-            n = min(n, int(quota[p]))
-            quota[p] -= n
-            if plan.reserved is not None:
-                plan.reserved[p] -= n * s
-        plan.add(d, p, n)
-        placed += n
+        placed += _take(plan, d, p, n, quota)
         if placed >= k:
             plan.blocked.pop(d, None)
             return placed
