@@ -259,6 +259,14 @@ def split(total: int, new_share: float) -> tuple[int, int]:
     return math.ceil(total * new_share), math.ceil(total * (1 - new_share))
 
 
+def on_baseline(r: Rollout, policy: CanaryPolicy) -> bool:
+    """The step ``r`` is at (or scaling to) gives the new revision all the traffic — a
+    canary's 100 % step, blue-green's only one — so the stable revision serves nothing in
+    its window: the gates compare the new revision with what the stable one served before
+    the switch (`judge_kept`), else a gate would wait for ever for stable requests."""
+    return policy.steps[min(r.step, len(policy.steps) - 1)] >= 1.0
+
+
 def replicas_for(total: int, r: Rollout, policy: CanaryPolicy) -> int:
     """Ready replicas the new revision needs before traffic moves to its next share."""
     return split(total, policy.steps[min(r.step, len(policy.steps) - 1)])[0]
@@ -275,8 +283,9 @@ def decide(
     waiting: Mapping[str, int] | None = None,
 ) -> Rollout:
     """One look at a running rollout: scale, hold, advance, switch, promote or roll back.
-    While a blue-green keeps (``Phase.KEEPING``), ``stable`` is the stable revision's window
-    before the switch (`judge_kept`), not its traffic since: it has none. ``waiting``: where
+    While a blue-green keeps (``Phase.KEEPING``), and while a canary holds a step that gives
+    the new revision all the traffic (`on_baseline`), ``stable`` is the stable revision's
+    window before the switch (`judge_kept`), not its traffic since: it has none. ``waiting``: where
     the deployment's replicas wait for GPUs (``cluster/pool`` → replicas), named in the
     reason while the new revision scales."""
     if r.done or r.phase is Phase.PAUSED:
@@ -292,7 +301,10 @@ def decide(
         return Rollout(r.step, Phase.HOLDING, now, f"at {policy.steps[r.step]:.0%}")
     if r.phase is Phase.KEEPING:
         return _kept(r, policy, now, new, stable)
-    verdict = judge(new, stable, policy.gates)
+    if on_baseline(r, policy):  # the stable revision has no traffic to compare with now
+        verdict = judge_kept(new, stable, policy.gates)
+    else:
+        verdict = judge(new, stable, policy.gates)
     if verdict.passed is False:
         return Rollout(r.step, Phase.ROLLED_BACK, now, f"gate failed: {verdict.reason}")
     if (now - r.since).total_seconds() < policy.hold_s:

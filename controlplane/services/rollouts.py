@@ -31,8 +31,10 @@ from controlplane.services.desired import bump_desired, clusters_serving
 from controlplane.specs import REVISION_FIELDS, RolloutStrategy
 
 BEFORE = "before_switch"
-"""A blue-green's `last_windows` key: the stable revision's window from its start to the
-switch, the baseline its keep window is judged against."""
+"""`last_windows` key: the stable revision's window up to the switch to a step that gives
+the new revision all the traffic (from the rollout's start for blue-green, from the last
+hold's start for a canary's 100 % step), the baseline that step is judged against
+(`rollouts.on_baseline`)."""
 SUPERSEDED = "superseded"
 """A finished rollout's phase when a later change of the revision ended it (not a phase of
 the pure decisions: it only ever names a finished row)."""
@@ -269,7 +271,7 @@ def apply(
     if new.phase in (canary.Phase.HOLDING, canary.Phase.KEEPING):
         if latest_outcomes is None:
             latest_outcomes = rollout_windows.outcomes_of(session, deployment.name, row.to_revision)
-        if new.phase is canary.Phase.KEEPING and old.phase is canary.Phase.SCALING:
+        if old.phase is canary.Phase.SCALING and canary.on_baseline(new, rollout_policy(row)):
             before, _ = rollout_windows.windows(
                 row.window_start or {}, latest_outcomes, deployment.name, row.to_revision
             )  # the switch: what the stable revision served until now is the baseline
@@ -343,11 +345,14 @@ def _look(session: Session, deployment: m.Deployment, row: m.Rollout, now: datet
         "new": rollout_windows.window_json(new),
         **({BEFORE: before} if before else {}),
     }
-    if row.phase == canary.Phase.KEEPING.value:  # judged against the stable's baseline
+    state, policy = rollout_state(row), rollout_policy(row)
+    if state.phase in (canary.Phase.KEEPING, canary.Phase.HOLDING) and canary.on_baseline(
+        state, policy
+    ):  # judged against the stable's baseline: it has no traffic now
         stable = rollout_windows.window_from_json(before)
     decided = canary.decide(
-        rollout_state(row),
-        rollout_policy(row),
+        state,
+        policy,
         now,
         new_ready=_ready(session, deployment.id, row.to_revision),
         total=_placed(session, deployment.id),

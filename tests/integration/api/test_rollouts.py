@@ -266,10 +266,15 @@ def _counters(requests: int, errors: int = 0) -> OutcomeCounters:
 
 
 def _heartbeat(
-    factory: sessionmaker[Session], cluster: str, stable: int, lane: int, lane_errors: int = 0
+    factory: sessionmaker[Session],
+    cluster: str,
+    stable: int,
+    lane: int,
+    lane_errors: int = 0,
+    lane_ready: int = 1,
 ) -> list[str]:
-    """Cluster ``cluster`` reports a ready stable replica and a ready lane replica, and its
-    router's counters for both entries."""
+    """Cluster ``cluster`` reports a ready stable replica and ``lane_ready`` ready lane
+    replicas, and its router's counters for both entries."""
     report = ObservedState(
         cluster=cluster,
         source=f"cluster/{cluster}",
@@ -277,8 +282,14 @@ def _heartbeat(
             ReplicaStatus(
                 replica_id=f"{cluster}-s", deployment="chat", revision="1", state="ready"
             ),
-            ReplicaStatus(
-                replica_id=f"{cluster}-l", deployment="chat--r2", revision="2", state="ready"
+            *(
+                ReplicaStatus(
+                    replica_id=f"{cluster}-l{i or ''}",
+                    deployment="chat--r2",
+                    revision="2",
+                    state="ready",
+                )
+                for i in range(lane_ready)
             ),
         ],
         free_capacity=[
@@ -358,6 +369,34 @@ def test_lane_reports_count_for_their_deployment_and_the_tick_walks_the_steps(
     with session_factory() as s:
         cluster = s.scalars(select(m.Cluster).where(m.Cluster.name == "a")).one()
         assert "chat--r2" in desired_state(s, cluster).retired
+
+
+@pytest.mark.parametrize(("lane_errors", "phase", "says"), [
+    (0, "promoted", "the last step passed its gates"),
+    (50, "rolled_back", "gate failed: error rate 20.0%"),
+])  # fmt: skip
+def test_the_100_percent_step_is_judged_against_what_the_stable_revision_served_before_it(
+    world, session_factory, lane_errors, phase, says
+):
+    """At 100 % the stable revision serves nothing, so its window there is empty: the gates
+    compare the new revision with the stable one's window up to the switch, instead of
+    waiting for ever for stable requests."""
+    _new_revision(world)
+    _heartbeat(session_factory, "a", stable=1000, lane=0)
+    assert _tick(session_factory) == ["chat"]  # holding at 25 %
+    _heartbeat(session_factory, "a", stable=1400, lane=150)
+    assert _tick(session_factory) == ["chat"]  # 25 % passed: scaling for 100 %
+    _heartbeat(session_factory, "a", stable=1450, lane=150, lane_ready=4)
+    assert _tick(session_factory) == ["chat"]
+    holding = world.get("deployments/chat/rollout").json()
+    assert (holding["phase"], holding["share"]) == ("holding", 1.0)
+    assert holding["windows"]["before_switch"]["requests"] == 450  # since the 25 % hold
+    # all the traffic on the lane now: 250 answers there, none on the stable entry
+    _heartbeat(session_factory, "a", stable=1450, lane=400, lane_errors=lane_errors, lane_ready=4)
+    assert _tick(session_factory) == ["chat"]
+    done = world.get("deployments/chat/rollout").json()
+    assert done["phase"] == phase and says in done["reason"], done
+    assert done["windows"]["stable"]["requests"] == 0 and done["windows"]["new"]["requests"] == 250
 
 
 def test_a_failed_gate_rolls_back_to_the_stable_revision_everywhere(world, session_factory):

@@ -75,7 +75,10 @@ def _wait_phase(fleet: Fleet, to_revision: int, phase: str, timeout_s: float) ->
         seen[:] = [_rollout(fleet)]
         return seen[0]["to_revision"] == to_revision and seen[0]["phase"] == phase
 
-    _wait_until(there, timeout_s, f"the rollout to revision {to_revision} to be {phase}")
+    try:
+        _wait_until(there, timeout_s, f"the rollout to revision {to_revision} to be {phase}")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; last seen: {seen[0] if seen else None}") from None
     return seen[0]
 
 

@@ -3,6 +3,7 @@ and the operator's commands — pure, with the clock passed in."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from controlplane import rollouts as ro
@@ -112,3 +113,20 @@ def test_windows_come_from_the_difference_of_two_router_reports_summed_over_plan
     worse = ro.window_of([ro.outcomes_delta(None, report("c", 100, 0, 5))])
     assert worse.p99_ttft_s == 1.0
     assert ro.window_of([]) == ro.Window(0, 0, 0.0, 0.0)
+
+
+def test_at_a_100_percent_step_the_gates_use_the_stable_revisions_baseline():
+    """The stable revision serves nothing at 100 %: ``stable`` is then its window before the
+    switch, and one with too few requests to compare (a quiet stable) is no reason to wait
+    for ever: the new revision is held to the error gate alone."""
+    policy = ro.CanaryPolicy(steps=(0.5, 1.0), hold_s=2, gates=ro.Gates(min_requests=20))
+    full = ro.Rollout(1, ro.Phase.HOLDING, T0, "at 100%")
+    assert ro.on_baseline(full, policy) and not ro.on_baseline(replace(full, step=0), policy)
+    quiet = ro.Window(requests=5, errors=0, p99_ttft_s=0.2, p99_e2e_s=2.0)
+    good = ro.Window(requests=200, errors=1, p99_ttft_s=0.9, p99_e2e_s=9.0)
+    promoted = ro.decide(full, policy, at(3), 2, 2, good, quiet)
+    assert promoted.phase is ro.Phase.PROMOTED, promoted
+    bad = ro.Window(requests=200, errors=20, p99_ttft_s=0.2, p99_e2e_s=2.0)
+    assert ro.decide(full, policy, at(1), 2, 2, bad, quiet).phase is ro.Phase.ROLLED_BACK
+    slow = ro.decide(full, policy, at(3), 2, 2, good, STABLE)  # a real baseline: compared
+    assert slow.phase is ro.Phase.ROLLED_BACK and "p99 TTFT" in slow.reason
