@@ -29,10 +29,11 @@ from controlplane.placement.packing import (
 
 SPREAD = ("min_distinct_providers", "min_distinct_regions")
 
-# pools examined per stuck replica, cheapest first. 32 placed 8 more GPUs at 1,000 shapes
-# (92 %, seed 7: 2733 vs 2741, bound 2731) and 1 more at one shape per deployment, but
-# cost 0.1-0.4 CPU s of place() (300 shapes 0.85 -> 1.05 s, 60 shapes 0.75 -> 1.1 s)
-MAX_ROOM_POOLS = 8
+# pools examined per stuck replica, cheapest first. 32 instead of 8 (session 11, with the
+# `_may_free` precheck): on the 8 cases of seeds 7, 11, 13 where the bench found GPUs
+# unplaced above the optimum, 23 GPUs over it in all instead of 68, 4 cases at it, for
+# +0.00-0.09 CPU s of place(); 64: 12 over, +0.1-0.2 s; 128: 8 over, +0.1-0.45 s
+MAX_ROOM_POOLS = 32
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 
@@ -64,8 +65,31 @@ def _move_one(plan: Plan, e: int, p: int) -> int | None:
     return None
 
 
+def _may_free(plan: Plan, p: int, need: int, protect: int) -> bool:
+    """Could moving others' replicas out of p free `need` GPUs there at all? False when
+    the room plus every replica that may move (not kept, its shape not known to find no
+    pool with room) falls short: `_free_pool` would try them all and fail."""
+    t = plan.t
+    room = int(t.cap[p] - plan.used[p])
+    for e, n in plan.members[p].items():
+        if e == protect:
+            continue
+        movable = n - plan.kept[e].get(p, 0)
+        if movable <= 0:
+            continue
+        s = plan.size(e)
+        if plan.no_target.get((id(t.compat(e)), s)) == plan.removals:
+            continue
+        room += movable * s
+        if room >= need:
+            return True
+    return room >= need
+
+
 def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, int, int]] | None:
     """Move replicas of others out of p until `need` GPUs are free there; None if it can't."""
+    if not _may_free(plan, p, need, protect):
+        return None
     moves: list[tuple[int, int, int]] = []
     victims = sorted(
         (e for e in plan.members[p] if e != protect),

@@ -1,0 +1,46 @@
+"""Repair (controlplane/placement/repair.py) on a plan built by hand: where it looks for
+room when a replica fits nowhere."""
+
+from __future__ import annotations
+
+from controlplane.placement.constraints import compile_tables
+from controlplane.placement.packing import Plan
+from controlplane.placement.repair import MAX_ROOM_POOLS, make_room
+from tests.unit.placement.builders import make_deployment, make_input, make_pool
+
+N = 20  # admissible pools of the stuck replica, all full; only the dearest can be freed
+
+
+def _stuck_behind(pinned: int) -> tuple[Plan, int]:
+    """A plan where deployment `stuck` (8 GPUs, admissible in pools t0..t19, cheapest
+    first) fits nowhere: each of the first `pinned` pools holds a deployment that may run
+    there only, the others one that may also run in the spare pool `s`, which has room
+    but is not admissible for `stuck`."""
+    pools = [make_pool(f"p{i}", gpu_type=f"T{i}", capacity=8, price=1 + 0.01 * i) for i in range(N)]
+    pools.append(make_pool("spare", gpu_type="S", capacity=8, price=5.0))
+    deps = [
+        make_deployment(f"d{i}", gpus=8, gpu_types=(f"T{i}",) if i < pinned else (f"T{i}", "S"))
+        for i in range(N)
+    ]
+    deps.append(make_deployment("stuck", gpus=8, gpu_types=tuple(f"T{i}" for i in range(N))))
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    for i in range(N):
+        plan.add(i, i, 1)
+    return plan, N
+
+
+def test_repair_frees_the_one_pool_that_can_be_freed_beyond_the_eight_cheapest():
+    """Only the 20th cheapest admissible pool can be freed (its deployment moves to the
+    spare pool): repair looks that far (it looked at 8 before), and moves nothing else."""
+    assert MAX_ROOM_POOLS >= N
+    plan, stuck = _stuck_behind(pinned=N - 1)
+    assert make_room(plan, stuck)
+    assert plan.alloc[N - 1] == {N: 1}  # d19 moved to the spare pool
+    assert all(plan.alloc[i] == {i: 1} for i in range(N - 1))
+    assert plan.used[N - 1] == 0  # room for the stuck replica
+
+
+def test_repair_gives_up_without_moving_anything_when_no_pool_can_be_freed():
+    plan, stuck = _stuck_behind(pinned=N)
+    assert not make_room(plan, stuck)
+    assert all(plan.alloc[i] == {i: 1} for i in range(N))
