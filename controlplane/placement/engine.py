@@ -19,7 +19,9 @@
 4. repair: replicas still unplaced make room by moving others (make_room) or, if of
    higher priority, by displacing lower-priority replicas; displaced ones are re-homed.
 5. improve: spot fraction and spread are enforced; replicas move into cheaper pools with
-   room (kept ones only if the saving beats the churn cost); a last fill tops up.
+   room (kept ones only if the saving beats the churn cost); two replicas of one size
+   swap pools where that saves (`swap`: the cheap pools are full, so moving one replica
+   into room cannot reach them); a last fill tops up.
 Deterministic: every choice breaks ties by index, no randomness, no clock.
 """
 
@@ -41,7 +43,7 @@ from controlplane.placement.packing import (
     enforce_spread,
     fill,
 )
-from controlplane.placement.repair import improve, place_hard, rehome_displaced
+from controlplane.placement.repair import place_hard, rehome_displaced, swap_and_improve
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -258,7 +260,7 @@ def solve(plan: Plan, order: list[int]) -> None:
         if plan.alloc[d]:
             enforce_spot(plan, d)
             enforce_spread(plan, d)
-    improve(plan, order)
+    swap_and_improve(plan, order)
     top_up(plan, order)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from controlplane.placement.constraints import compile_tables
 from controlplane.placement.packing import Plan
-from controlplane.placement.repair import MAX_ROOM_POOLS, make_room
+from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, swap
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
 
 N = 20  # admissible pools of the stuck replica, all full; only the dearest can be freed
@@ -44,3 +44,40 @@ def test_repair_gives_up_without_moving_anything_when_no_pool_can_be_freed():
     plan, stuck = _stuck_behind(pinned=N)
     assert not make_room(plan, stuck)
     assert all(plan.alloc[i] == {i: 1} for i in range(N))
+
+
+def _crossed() -> tuple[Plan, dict[str, int]]:
+    """Two full pools, one in the US and one in Europe at the same price, and two 8-GPU
+    deployments placed the wrong way round: `us` (its traffic from the US) in Europe and
+    `eu` in the US; each may run in both."""
+    pools = [
+        make_pool("us", capacity=8, price=2.0),
+        make_pool("eu", region="aws:eu-central-1", capacity=8, price=2.0),
+    ]
+    deps = [
+        make_deployment("us", gpus=8, traffic={"aws:us-east-1": 1.0}),
+        make_deployment("eu", gpus=8, traffic={"aws:eu-central-1": 1.0}),
+    ]
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    plan.add(0, 1, 1)
+    plan.add(1, 0, 1)
+    return plan, {"us": 0, "eu": 1}
+
+
+def test_two_replicas_of_one_size_swap_full_pools_when_that_is_cheaper():
+    """Neither can move into room (there is none): only an exchange brings each next to
+    its users, and it lowers the cost."""
+    plan, at = _crossed()
+    cost = plan.t.cost
+    before = cost(0)[1] + cost(1)[0]
+    assert swap(plan, [0, 1]) == {0, 1}
+    assert plan.alloc[0] == {at["us"]: 1} and plan.alloc[1] == {at["eu"]: 1}
+    assert cost(0)[0] + cost(1)[1] < before
+    assert swap(plan, [0, 1]) == set()  # nothing more to gain
+
+
+def test_replicas_kept_from_the_current_placement_are_not_swapped():
+    plan, _at = _crossed()
+    plan.kept[1][0] = 1  # `eu`'s replica in the US runs already: moving it costs churn
+    assert swap(plan, [0, 1]) == set()
+    assert plan.alloc[0] == {1: 1} and plan.alloc[1] == {0: 1}
