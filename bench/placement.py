@@ -11,15 +11,12 @@ unplaced GPUs at 92 % against the optimum's interval, and one incremental change
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
 Where it stands (session 11, 2026-12-06, the machine quiet, docs/placement.md "Status"):
-every case 0.28-0.72 CPU s. Seed 7 fails one case: one per deployment at 92 %, 2683
-unplaced vs the optimum 2674 and +0.51 %. Seed 11: 60 shapes 1897 vs 1885, 1,000 shapes
-1708 vs 1700, one per deployment +0.59 % at 70 % and 2305 vs 2304 at 92 %. Seed 13: 60
-shapes at 70 % 1442 vs 1430, 300 shapes at 70 % 82 vs 76, 1,000 shapes at 92 % 3426 vs 3410
-and +0.52 %, one per deployment 3016 vs 3012. Headline FAIL on all three seeds: unplaced
-GPUs a few above the optimum (+1 to +16) and the cost 0.5-0.6 % in one case each. The LP
-bounds of a one-per-deployment case take 40-150 s on a quiet machine: each may take
-BOUND_SECS (300 s) before its case counts as unbounded. --no-bound skips the bounds (time
-and unplaced only).
+seed 7 PASS (worst 0.79 CPU s, +0.43 %, every unplaced figure at the optimum). Seed 11
+FAIL: 60 shapes at 92 % leave 1886 GPUs unplaced vs the optimum 1885. Seed 13 FAIL: 60
+shapes at 70 % 1434 vs 1430, and 1,000 shapes at 92 % +0.51 %. Every other case of the 24
+meets every target; worst time 0.79 CPU s. The LP bounds of a one-per-deployment case
+take 40-150 s on a quiet machine: each may take BOUND_SECS (300 s) before its case counts
+as unbounded. --no-bound skips the bounds (time and unplaced only).
 
 Usage: .venv/bin/python bench/placement.py [--quick | --no-bound] [--seed N]
        [--families 60,300,1000,one]
