@@ -10,7 +10,10 @@ moves placement and money. So before a report counts:
   and only on the instances it was given (when it was given any and the replica names one).
 
 A rejected part is dropped (or clamped) and named in a `Rejection`; the rest of the report
-still counts: a heartbeat with one bad entry still proves liveness.
+still counts: a heartbeat with one bad entry still proves liveness. What the plane was told
+to retire (a deleted deployment, a finished rollout's lane or a shadow, the snapshot's
+`retired`) it drains and may still report for a while: that is dropped without a
+rejection (it is what the plane was asked to do, not a forgery).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Given:
     deployments: Mapping[str, int]
     pools: frozenset[str] = frozenset()
     instances: frozenset[str] = frozenset()
+    retired: frozenset[str] = frozenset()
+    """Entries the cluster was told to retire: reports of them do not count, silently."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,10 @@ def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = N
     bounds = bounds or Bounds()
     rejections: list[Rejection] = []
     replicas = []
+    draining = given.retired - given.deployments.keys()
     for replica in state.replicas:
+        if replica.deployment in draining:
+            continue
         why = check_replica(replica, given)
         if why is None:
             replicas.append(replica)
@@ -127,11 +135,17 @@ def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = N
             rejections.append(why)
     deployments = []
     for observed in state.deployments:
+        if observed.name in draining:
+            continue
         kept, why_not = check_deployment(observed, given, bounds)
         rejections.extend(why_not)
         if kept is not None:
             deployments.append(kept)
-    if not rejections:
+    if (
+        not rejections
+        and len(replicas) == len(state.replicas)
+        and len(deployments) == len(state.deployments)
+    ):
         return Checked(state)
     return Checked(
         state.model_copy(update={"replicas": replicas, "deployments": deployments}), rejections

@@ -180,6 +180,7 @@ def given_to(session: Session, cluster: Cluster) -> Given:
         deployments={entry: most[name] for entry, name in served.items() if name in most},
         pools=pools,
         instances=frozenset(i.id for i in desired.instances),
+        retired=frozenset(desired.retired),
     )
 
 
