@@ -264,12 +264,17 @@ def on_baseline(r: Rollout, policy: CanaryPolicy) -> bool:
     canary's 100 % step, blue-green's only one — so the stable revision serves nothing in
     its window: the gates compare the new revision with what the stable one served before
     the switch (`judge_kept`), else a gate would wait for ever for stable requests."""
-    return policy.steps[min(r.step, len(policy.steps) - 1)] >= 1.0
+    return _step_share(r, policy) >= 1.0
+
+
+def _step_share(r: Rollout, policy: CanaryPolicy) -> float:
+    """The share of the step ``r`` is at or scaling to."""
+    return policy.steps[min(r.step, len(policy.steps) - 1)]
 
 
 def replicas_for(total: int, r: Rollout, policy: CanaryPolicy) -> int:
     """Ready replicas the new revision needs before traffic moves to its next share."""
-    return split(total, policy.steps[min(r.step, len(policy.steps) - 1)])[0]
+    return split(total, _step_share(r, policy))[0]
 
 
 def decide(

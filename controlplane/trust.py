@@ -74,6 +74,12 @@ class Checked:
     rejections: list[Rejection] = field(default_factory=list)
 
 
+def draining(entry: str, given: Given) -> bool:
+    """Was the cluster told to retire ``entry`` (and not given it again)? Its reports do
+    not count, and are no rejection: the plane drains what it was asked to."""
+    return entry in given.retired and entry not in given.deployments
+
+
 def check_replica(replica: ReplicaStatus, given: Given) -> Rejection | None:
     """Why this replica may not be recorded for the cluster (None: it may)."""
     what = f"replica {replica.replica_id} of {replica.deployment}"
@@ -124,9 +130,8 @@ def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = N
     bounds = bounds or Bounds()
     rejections: list[Rejection] = []
     replicas = []
-    draining = given.retired - given.deployments.keys()
     for replica in state.replicas:
-        if replica.deployment in draining:
+        if draining(replica.deployment, given):
             continue
         why = check_replica(replica, given)
         if why is None:
@@ -135,7 +140,7 @@ def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = N
             rejections.append(why)
     deployments = []
     for observed in state.deployments:
-        if observed.name in draining:
+        if draining(observed.name, given):
             continue
         kept, why_not = check_deployment(observed, given, bounds)
         rejections.extend(why_not)

@@ -37,7 +37,14 @@ from controlplane.procurement import facts as procurement
 from controlplane.services import costs, epochs, rollout_windows
 from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
-from controlplane.trust import Bounds, Given, Rejection, check_observed, check_replica
+from controlplane.trust import (
+    Bounds,
+    Given,
+    Rejection,
+    check_observed,
+    check_replica,
+    draining,
+)
 
 log = logging.getLogger("gpufleet.observed")
 CLOCK_SKEW = timedelta(seconds=5)
@@ -142,7 +149,10 @@ class DbSink:
             if cluster is None:
                 return None, []
             if isinstance(fact, ReplicaStarted | ReplicaFailed):
-                why = check_replica(fact.replica, given_to(session, cluster))
+                given = given_to(session, cluster)
+                if draining(fact.replica.deployment, given):
+                    return None, []
+                why = check_replica(fact.replica, given)
                 if why is not None:
                     return None, self._reject(session, cluster, [why], received_at)
             session.add(_event_for(cluster, fact, received_at))

@@ -89,7 +89,7 @@ def test_a_forged_heartbeat_cannot_drive_placement_or_spending(fleet: Fleet) -> 
     runs_there = {c for c, _, _ in placed}
     forger = next(c for c in CLUSTERS if c not in runs_there)
     instances = len(fleet.api.get("/api/v1/instances").json()["items"])
-    rejected_before = len(_events(fleet, type="ReportRejected", object_name=forger))
+    earlier = [e["message"] for e in _events(fleet, type="ReportRejected", object_name=forger)]
     forged = ObservedState(
         cluster=forger,
         source=f"cluster/{forger}",
@@ -101,12 +101,11 @@ def test_a_forged_heartbeat_cannot_drive_placement_or_spending(fleet: Fleet) -> 
         ],
     )
     asyncio.run(_publish_as(fleet, forger, observed_subject(forger), forged.model_dump_json()))
-    seen = [e["message"] for e in _events(fleet, type="ReportRejected", object_name=forger)]
     _wait_until(
-        lambda: len(_events(fleet, type="ReportRejected", object_name=forger)) > rejected_before,
+        lambda: len(_events(fleet, type="ReportRejected", object_name=forger)) > len(earlier),
         20,
         f"the control plane to reject {forger}'s report about a deployment it was not given "
-        f"(its rejections are told once a minute per reason; those before: {seen})",
+        f"(its rejections are told once a minute per reason; those before: {earlier})",
     )
     assert _assignments(fleet, "triage-llm") == placed
     replicas = fleet.api.get("/api/v1/replicas", params={"limit": 500}).json()["items"]

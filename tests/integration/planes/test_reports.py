@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from controlplane.contracts import ObservedState, ReplicasScaled, ReplicaStatus
+from controlplane.contracts import ObservedState, ReplicaFailed, ReplicasScaled, ReplicaStatus
 from controlplane.db import models as m
 from controlplane.db.session import transaction
 from controlplane.services.observed import DbSink
@@ -61,3 +61,31 @@ async def test_a_reported_replica_is_linked_to_the_instance_it_runs_on(admin, se
     rejected = admin.get("events", type="ReportRejected", object_name="use1-a").json()["items"]
     assert [e["data"]["reason"] for e in rejected] == ["instance_not_given"]
     assert "instance i-unknown is not held for this cluster" in rejected[0]["message"]
+
+
+async def test_a_replica_fact_of_a_deleted_deployment_draining_is_no_rejection(
+    admin, session_factory
+):
+    """A plane drains what it was told to retire and reports on it meanwhile (a replica
+    failing on its way out): that records nothing and raises no `ReportRejected`, which
+    would hide a forgery's for a minute. One of a deployment never given is rejected."""
+    b.seed(admin)
+    admin.post("deployments", b.deployment())
+    sink = DbSink(session_factory, on_change=lambda reason: None)
+    hello = ObservedState(cluster="use1-a", source="cluster/use1-a")
+    await sink.record_observed("use1-a", hello, datetime.now(UTC))
+    with transaction(session_factory) as s:  # use1-a is healthy: chat-llm is given to it
+        assert replan(s, "test") is not None
+    assert admin.delete("deployments/chat-llm?force=true").status_code == 204
+
+    def failed(deployment: str) -> ReplicaFailed:
+        replica = ReplicaStatus(replica_id=f"{deployment}-1", deployment=deployment,
+                                revision="1", state="failed")  # fmt: skip
+        return ReplicaFailed(cluster="use1-a", source="cluster/use1-a", replica=replica)
+
+    assert await sink.record_fact("use1-a", failed("chat-llm"), datetime.now(UTC)) == []
+    assert admin.get("events", type="ReportRejected").json()["items"] == []
+    rejected = await sink.record_fact("use1-a", failed("never-given"), datetime.now(UTC))
+    assert rejected == ["deployment_not_given"]
+    assert len(admin.get("events", type="ReportRejected").json()["items"]) == 1
+    assert admin.get("replicas", cluster="use1-a").json()["items"] == []
