@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -85,6 +86,11 @@ class Tables:
     _masks: dict[int, np.ndarray] = field(default_factory=dict)
     _costs: dict[int, np.ndarray] = field(default_factory=dict)
     _indices: dict[int, np.ndarray] = field(default_factory=dict)  # id(mask) -> its pools
+
+    @cached_property
+    def lowest_priority(self) -> int:
+        """The lowest deployment priority: a deployment at it can displace nobody."""
+        return min((d.priority for d in self.inp.deployments), default=0)
 
     def compat_index(self, d: int) -> np.ndarray:
         """Indices of the pools compat(d) admits, ascending."""

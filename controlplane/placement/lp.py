@@ -56,6 +56,8 @@ class _Model:
     spread_pairs: list[np.ndarray]  # per spread row: the pair indices it sums
     spread_cap: list[float]  # per spread row: most replicas one provider (region) may hold
     forced: float  # GPUs the spread rules leave unplaced whatever the placement (see _placeable)
+    priority: np.ndarray  # per class (0 for all unless merged by priority)
+    forced_high: float  # of `forced`, the GPUs of deployments above the lowest priority
 
 
 def _divisibility_rows(m: _Model) -> tuple[list[np.ndarray], list[float]]:
@@ -103,9 +105,12 @@ def _most_on_one(n: int, want: int) -> int:
     return n - min(want, n) + 1
 
 
-def _classes(inp: PlacementInput) -> _Model:
+def _classes(inp: PlacementInput, by_priority: bool = False) -> _Model:
+    """Deployments merged by shape (and by priority when ``by_priority``)."""
     t = compile_tables(inp)
-    forced = 0
+    forced = forced_high = 0
+    lowest = t.lowest_priority
+    priority: list[int] = []
     keys: dict[tuple, int] = {}
     members: list[int] = []
     counts: list[int] = []
@@ -123,10 +128,12 @@ def _classes(inp: PlacementInput) -> _Model:
             tuple(sorted(dep.traffic.items())),
             pol.min_distinct_providers,
             pol.min_distinct_regions,
+            dep.priority if by_priority else 0,
         )
         c = keys.setdefault(key, len(keys))
         if c == len(members):
             members.append(d)
+            priority.append(dep.priority if by_priority else 0)
             counts.append(0)
             spot_cap.append(0)
             most.append([0, 0])
@@ -134,9 +141,9 @@ def _classes(inp: PlacementInput) -> _Model:
         counts[c] += n
         most[c][0] += _most_on_one(n, pol.min_distinct_providers)
         most[c][1] += _most_on_one(n, pol.min_distinct_regions)
-        forced += (
-            dep.target_replicas - _placeable(t, d, dep.target_replicas)
-        ) * dep.gpus_per_replica
+        lost = (dep.target_replicas - n) * dep.gpus_per_replica
+        forced += lost
+        forced_high += lost if dep.priority > lowest else 0
         if pol.spot_allowed:
             spot_cap[c] += math.floor(pol.max_spot_fraction * dep.target_replicas + 1e-9)
     pc, pp, cost = [], [], []
@@ -176,6 +183,8 @@ def _classes(inp: PlacementInput) -> _Model:
         spread_pairs=spread_pairs,
         spread_cap=spread_cap,
         forced=float(forced),
+        priority=np.array(priority, dtype=np.int64),
+        forced_high=float(forced_high),
     )
 
 
@@ -185,7 +194,10 @@ def _solve(
     time_limit: float,
     placed_gpus: float | None = None,
     divisibility_cuts: bool = True,
+    counted: np.ndarray | None = None,
 ) -> tuple[float, float, float, float]:
+    """(cost, unplaced GPUs, bound, seconds); ``counted`` (integer only): the classes whose
+    unplaced GPUs the MIP minimises and reports (default: all), forced ones not added."""
     import highspy
 
     n_c, n_p, n_x = len(m.counts), len(m.cap), len(m.pair_pool)
@@ -230,7 +242,8 @@ def _solve(
     if placed_gpus is not None:  # min cost of placing at least `placed_gpus` GPUs
         obj = np.concatenate([m.pair_cost, np.zeros(n_c)])
     elif integer:
-        obj = np.concatenate([np.zeros(n_x), m.sizes])
+        weight = np.ones(n_c) if counted is None else counted.astype(float)
+        obj = np.concatenate([np.zeros(n_x), m.sizes * weight])
     else:
         obj = np.concatenate([m.pair_cost, penalty * m.sizes])
     lp = highspy.HighsLp()
@@ -272,6 +285,9 @@ def _solve(
             f"HiGHS did not solve the LP relaxation: {h.modelStatusToString(status)}"
         )
     x = np.array(h.getSolution().col_value)
+    if counted is not None:
+        unplaced = float((x[n_x:] * m.sizes * counted).sum())
+        return math.nan, unplaced, float(h.getInfo().mip_dual_bound), float(h.getRunTime())
     unplaced = float((x[n_x:] * m.sizes).sum())
     cost = float((x[:n_x] * m.pair_cost).sum())
     if integer and placed_gpus is not None:  # a bound on the cost at that volume
@@ -316,3 +332,17 @@ def unplaced_optimum(inp: PlacementInput, time_limit: float = 20.0) -> Bound:
     m = _classes(inp)
     _, unplaced, bound, secs = _solve(m, integer=True, time_limit=time_limit)
     return Bound(math.nan, unplaced, bound, secs, len(m.counts), len(m.pair_pool))
+
+
+def high_priority_unplaced_optimum(inp: PlacementInput, time_limit: float = 20.0) -> Bound:
+    """MIP on classes merged by shape and priority: fewest GPUs of deployments above the
+    lowest priority that any whole placement leaves unplaced (the lowest may give up room
+    to them, as the engine's displacement does). The engine must not leave more: each GPU
+    above would be a priority inversion the placement could have avoided."""
+    m = _classes(inp, by_priority=True)
+    high = m.priority > (int(m.priority.min()) if len(m.priority) else 0)
+    if not high.any():
+        return Bound(math.nan, 0.0, 0.0, 0.0, len(m.counts), len(m.pair_pool))
+    _, unplaced, bound, secs = _solve(m, True, time_limit, counted=high)
+    f = m.forced_high
+    return Bound(math.nan, unplaced + f, bound + f, secs, len(m.counts), len(m.pair_pool))

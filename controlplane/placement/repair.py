@@ -140,13 +140,15 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     placed = fill(plan, d, k)
     dep = plan.t.inp.deployments[d]
     harmful_ok = True  # the first eviction may break a victim's spread, later ones not
+    movable = True  # moving others may still make room: false once it found none, since
+    # evicting for d frees room only where d then goes (the victims leave the plan)
     while placed < k and (plan.blocked.get(d) == "capacity" or plan.blocked.get(d) in SPREAD):
         shape = (dep.gpus_per_replica, id(plan.t.compat(d)), plan.spot_budget(d) > 0, dep.priority)
         by_capacity = plan.blocked.get(d) == "capacity"
         if by_capacity and shape in plan.no_room:
             break
-        # a spread-blocked deployment may move others aside, never displace them
-        if make_room(plan, d) or (by_capacity and displace(plan, d, harmful_ok)):
+        movable = movable and make_room(plan, d)
+        if movable or displace(plan, d, harmful_ok):
             got = fill(plan, d, 1)
             if got == 0:
                 break
@@ -166,14 +168,18 @@ def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:
     preferring pools and victims where no victim's spread rule breaks (a victim left on
     one provider would lose all but one replica)."""
     t = plan.t
+    if t.inp.deployments[d].priority <= t.lowest_priority:
+        return False  # nobody ranks below d
     s = plan.size(d)
     idx = t.compat_index(d)
     ok = t.cap[idx] >= s
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot[idx]
+    spread, _unmet = spread_filter(plan, d, np.zeros(len(idx)), idx)
+    ok &= np.isfinite(spread)  # while d spans too few providers (regions): a new one
     cost = np.where(ok, t.cost(d)[idx], INF)
-    best = np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]
-    pools = [int(idx[i]) for i in best if math.isfinite(cost[i])]
+    ranked = [int(idx[i]) for i in np.argsort(cost, kind="stable") if math.isfinite(cost[i])]
+    pools = _evictable(plan, d, ranked)
     for harmless in (True, False) if harmful_ok else (True,):
         for p in pools:
             victims = _victims(plan, d, p, harmless)
@@ -184,6 +190,29 @@ def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:
                     by[d] = by.get(d, 0) + 1
                 return True
     return False
+
+
+def _evictable(plan: Plan, d: int, ranked: list[int]) -> list[int]:
+    """The first MAX_ROOM_POOLS pools of ``ranked`` (cheapest first, admissible) whose room
+    plus lower-priority replicas would fit one replica of d. Searched over all of d's pools,
+    not only its cheapest: those are where the LP put the higher priorities, and a replica
+    of priority 1 was left out while priority-0 replicas held its dearer pools."""
+    deps = plan.t.inp.deployments
+    prio, s = deps[d].priority, plan.size(d)
+    cap, used, members = plan.t.cap, plan.used, plan.members
+    out: list[int] = []
+    for p in ranked:
+        room = int(cap[p] - used[p])
+        for e, n in members[p].items():
+            if room >= s:
+                break
+            if deps[e].priority < prio:
+                room += n * plan.size(e)
+        if room >= s:
+            out.append(p)
+            if len(out) == MAX_ROOM_POOLS:
+                break
+    return out
 
 
 def _victims(plan: Plan, d: int, p: int, harmless: bool) -> list[int] | None:
@@ -222,15 +251,22 @@ def _breaks_spread(plan: Plan, e: int, p: int, n: int = 1) -> bool:
 
 def rehome_displaced(plan: Plan) -> None:
     """Give displaced replicas another pool if one has room (then they merely moved)."""
-    for e in sorted(plan.displaced, key=lambda e: (-plan.t.inp.deployments[e].priority, e)):
-        lost = sum(plan.displaced[e].values())
-        got = fill(plan, e, lost)
+    deps = plan.t.inp.deployments
+    for e in sorted(plan.displaced, key=lambda e: (-deps[e].priority, e)):
+        # a victim may have won its replicas back already (its own turn came later):
+        # only what it still misses is lost, and never more than that is re-placed
+        missing = max(deps[e].target_replicas - plan.placed(e), 0)
+        lost = min(sum(plan.displaced[e].values()), missing)
+        still = lost - (fill(plan, e, lost) if lost else 0)
+        left: dict[int, int] = {}
         for by in sorted(plan.displaced[e]):
-            take = min(got, plan.displaced[e][by])
-            plan.displaced[e][by] -= take
-            got -= take
-        plan.displaced[e] = {by: n for by, n in plan.displaced[e].items() if n}
-        if not plan.displaced[e]:
+            take = min(still, plan.displaced[e][by])
+            if take:
+                left[by] = take
+            still -= take
+        if left:
+            plan.displaced[e] = left
+        else:
             del plan.displaced[e]
 
 

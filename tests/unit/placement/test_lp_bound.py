@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.placement import PlacementInput, PlacementResult, place
-from controlplane.placement.lp import integral_cost_bound, lower_bound
+from controlplane.placement.lp import (
+    high_priority_unplaced_optimum,
+    integral_cost_bound,
+    lower_bound,
+)
 from tests.unit.placement.builders import REGIONS, make_deployment, make_input, make_pool
 from tests.unit.placement.test_properties import PROVIDER_OF, SETTINGS
 
@@ -74,6 +78,30 @@ def test_lp_with_cuts_never_exceeds_a_whole_replica_placement(inp):
     assert cut.cost >= plain.cost - slack  # cuts only tighten
     unplaced = sum(u.replicas * u.gpus_per_replica for u in result.unplaced)
     assert lower_bound(inp).unplaced_bound <= unplaced + TOL
+    low = min(d.priority for d in inp.deployments)
+    above = {d.name for d in inp.deployments if d.priority > low}
+    high = sum(u.replicas * u.gpus_per_replica for u in result.unplaced if u.deployment in above)
+    assert high_priority_unplaced_optimum(inp, time_limit=5.0).unplaced_bound <= high + TOL
+
+
+def test_the_high_priority_optimum_gives_the_lowest_priority_up_first():
+    # 16 GPUs, demand 24: the plain optimum leaves the 8-GPU replica of prod out (8 GPUs
+    # either way); the priority one leaves batch's two 4-GPU replicas out instead
+    inp = make_input(
+        [make_pool("a", capacity=16)],
+        [
+            make_deployment("prod", gpus=8, replicas=2, priority=1),
+            make_deployment("batch", gpus=4, replicas=2, priority=0),
+        ],
+    )
+    best = high_priority_unplaced_optimum(inp)
+    assert (best.unplaced_gpus, best.unplaced_bound) == (0.0, 0.0)
+    result = place(inp)
+    assert [(u.deployment, u.replicas) for u in result.unplaced] == [("batch", 2)]
+    one_level = make_input(
+        [make_pool("a", capacity=16)], [make_deployment("x", gpus=8, replicas=3)]
+    )
+    assert high_priority_unplaced_optimum(one_level).unplaced_gpus == 0.0  # nobody above
 
 
 def test_cuts_close_the_gap_that_fractional_big_replicas_open():

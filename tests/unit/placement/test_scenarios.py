@@ -8,6 +8,7 @@ import pytest
 
 from controlplane.placement import Cluster, PlacementInputError, place, replan
 from tests.unit.placement.builders import make_deployment, make_input, make_pool, replicas_by_pool
+from tests.unit.placement.rules import check_rules
 
 
 def test_residency_restricted_deployment_stays_in_its_jurisdiction_even_when_dearer():
@@ -236,6 +237,70 @@ def test_higher_priority_displaces_for_every_replica_it_needs():
     assert [(u.deployment, u.replicas, u.constraint) for u in result.unplaced] == [
         ("batch", 2, "priority")
     ]
+
+
+def test_higher_priority_displaces_lower_priority_from_a_dear_pool_past_the_cheap_ones():
+    # the 34 cheap pools hold `mid` (prod's own priority: not evictable); batch (lower)
+    # sits in the dearest pool. Repair used to look for victims in the 32 cheapest pools
+    # only, found none, and left prod unplaced while batch ran
+    cheap = [make_pool(f"c{i:02d}", capacity=8, price=1.0) for i in range(34)]
+    dear = make_pool("dear", capacity=8, price=9.0)
+    mid = make_deployment("mid", gpus=8, replicas=34, priority=1)
+    batch = make_deployment("batch", gpus=8, replicas=1, priority=0)
+    first = place(make_input([*cheap, dear], [mid, batch]))
+    assert replicas_by_pool(first, "batch") == {"dear": 1}
+    prod = make_deployment("prod", gpus=8, replicas=1, priority=1)
+
+    result = place(make_input([*cheap, dear], [mid, batch, prod], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"dear": 1}
+    assert sum(replicas_by_pool(result, "mid").values()) == 34
+    assert [(u.deployment, u.displaced_by, u.constraint) for u in result.unplaced] == [
+        ("batch", "prod", "priority")
+    ]
+
+
+def test_a_deployment_short_of_providers_displaces_lower_priority_in_a_new_one():
+    # prod asks for two providers; aws has room, gcp is full of batch (lower priority,
+    # allowed only there). prod takes aws, then evicts batch to reach gcp, instead of
+    # being trimmed to one provider's worth while batch keeps running
+    aws = make_pool("aws", capacity=8, price=1.0)
+    gcp = make_pool("gcp", provider="gcp", region="gcp:us-central1", capacity=8, price=1.0)
+    batch = make_deployment(
+        "batch", gpus=8, replicas=1, allowed_regions=frozenset({"gcp:us-central1"})
+    )
+    first = place(make_input([aws, gcp], [batch]))
+    assert replicas_by_pool(first, "batch") == {"gcp": 1}
+    prod = make_deployment("prod", gpus=4, replicas=2, priority=10, min_distinct_providers=2)
+
+    result = place(make_input([aws, gcp], [batch, prod], current=first.assignments))
+
+    assert replicas_by_pool(result, "prod") == {"aws": 1, "gcp": 1}
+    assert [(u.deployment, u.displaced_by, u.constraint) for u in result.unplaced] == [
+        ("batch", "prod", "priority")
+    ]
+
+
+def test_an_evicted_replica_that_finds_a_new_pool_is_neither_doubled_nor_reported_lost():
+    # prod (only region a) evicts batch from pool a; batch's own turn comes later and
+    # re-places it in b. It then misses nothing: re-homing must not add a second replica
+    # (b has room for two) nor report the first as displaced
+    a = make_pool("a", capacity=8, price=1.0)
+    b = make_pool("b", region="aws:ca-central-1", capacity=16, price=2.0)
+    batch = make_deployment("batch", gpus=8, replicas=1, priority=0)
+    first = place(make_input([a, b], [batch]))
+    assert replicas_by_pool(first, "batch") == {"a": 1}
+    prod = make_deployment(
+        "prod", gpus=8, replicas=1, priority=1, allowed_regions=frozenset({"aws:us-east-1"})
+    )
+    inp = make_input([a, b], [batch, prod], current=first.assignments)
+
+    result = place(inp)
+
+    check_rules(inp, result)
+    assert replicas_by_pool(result, "prod") == {"a": 1}
+    assert replicas_by_pool(result, "batch") == {"b": 1}
+    assert result.unplaced == ()
 
 
 def test_a_second_eviction_does_not_break_the_victims_spread():
