@@ -256,12 +256,45 @@ def solve(plan: Plan, order: list[int]) -> None:
         if missing > 0:
             place_hard(plan, d, missing)
     rehome_displaced(plan)
+    trimmed = []
     for d in order:
         if plan.alloc[d]:
+            before = plan.placed(d)
             enforce_spot(plan, d)
             enforce_spread(plan, d)
+            if plan.placed(d) < before:
+                trimmed.append(d)
+    place_trimmed(plan, trimmed)
     swap_and_improve(plan, order)
     top_up(plan, order)
+
+
+def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
+    """Deployments above the lowest priority that the spot or spread rule trimmed (a fill
+    had put replicas where the rule cannot hold, e.g. a second one on the same provider
+    when the others were full) get the repair again, now with the rule in force: room
+    made by moving others or by evicting lower priorities in a pool of a provider (region)
+    they lack. The evicted are re-homed where room is left."""
+    deps = plan.t.inp.deployments
+    lowest = plan.t.lowest_priority
+    again = [d for d in trimmed if deps[d].priority > lowest]
+    if not again:
+        return
+    _place_again(plan, again)
+    # whom they evicted, if above the lowest priority, may in turn evict lower ones (as
+    # in the first pass, where a victim's own turn comes later in the priority order)
+    victims = [e for e in plan.displaced if deps[e].priority > lowest]
+    _place_again(plan, sorted(victims, key=lambda e: (-deps[e].priority, e)))
+    rehome_displaced(plan)
+
+
+def _place_again(plan: Plan, ds: list[int]) -> None:
+    deps = plan.t.inp.deployments
+    for d in ds:
+        missing = deps[d].target_replicas - plan.placed(d)
+        if missing > 0 and place_hard(plan, d, missing):
+            enforce_spot(plan, d)
+            enforce_spread(plan, d)
 
 
 def top_up(plan: Plan, order: list[int]) -> None:

@@ -196,7 +196,10 @@ def _evictable(plan: Plan, d: int, ranked: list[int]) -> list[int]:
     """The first MAX_ROOM_POOLS pools of ``ranked`` (cheapest first, admissible) whose room
     plus lower-priority replicas would fit one replica of d. Searched over all of d's pools,
     not only its cheapest: those are where the LP put the higher priorities, and a replica
-    of priority 1 was left out while priority-0 replicas held its dearer pools."""
+    of priority 1 was left out while priority-0 replicas held its dearer pools. (Taking
+    pools that need only the lowest priority's victims first was tried: a priority-2
+    replica then took the priority-0 victims a priority-1 one needed, 86 GPUs of priority 1
+    left out on one case instead of 0.)"""
     deps = plan.t.inp.deployments
     prio, s = deps[d].priority, plan.size(d)
     cap, used, members = plan.t.cap, plan.used, plan.members

@@ -4,6 +4,7 @@ room when a replica fits nowhere."""
 from __future__ import annotations
 
 from controlplane.placement.constraints import compile_tables
+from controlplane.placement.engine import place_trimmed
 from controlplane.placement.packing import Plan
 from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, swap
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
@@ -81,3 +82,32 @@ def test_replicas_kept_from_the_current_placement_are_not_swapped():
     plan.kept[1][0] = 1  # `eu`'s replica in the US runs already: moving it costs churn
     assert swap(plan, [0, 1]) == set()
     assert plan.alloc[0] == {1: 1} and plan.alloc[1] == {0: 1}
+
+
+def test_a_trimmed_higher_priority_deployment_evicts_and_its_victim_evicts_in_turn():
+    """After the spread rule trimmed `prod` (priority 2, two providers asked) to its aws
+    replica, it evicts `mid` (priority 1) from the only gcp pool; `mid` then evicts
+    `batch` (priority 0) from the lambda pool instead of being left out."""
+    pools = [
+        make_pool("aws", capacity=8, price=1.0),
+        make_pool("gcp", provider="gcp", region="gcp:us-central1", capacity=8, price=1.0),
+        make_pool("lambda", provider="lambda", region="lambda:us-tx", capacity=8, price=1.0),
+    ]
+    deps = [
+        make_deployment("prod", gpus=8, replicas=2, priority=2, min_distinct_providers=2,
+                        allowed_regions=frozenset({"aws:us-east-1", "gcp:us-central1"})),
+        make_deployment("mid", gpus=8, priority=1,
+                        allowed_regions=frozenset({"gcp:us-central1", "lambda:us-tx"})),
+        make_deployment("batch", gpus=8, priority=0),
+    ]  # fmt: skip
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    plan.add(0, 0, 1)  # prod: one replica left on aws by the trim
+    plan.add(1, 1, 1)  # mid on gcp
+    plan.add(2, 2, 1)  # batch on lambda
+
+    place_trimmed(plan, [0])
+
+    assert plan.alloc[0] == {0: 1, 1: 1}  # prod spans aws and gcp
+    assert plan.alloc[1] == {2: 1}  # mid moved to lambda in batch's place
+    assert plan.alloc[2] == {}
+    assert plan.displaced == {2: {1: 1}}  # batch, displaced by mid
