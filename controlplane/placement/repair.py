@@ -260,13 +260,13 @@ def rehome_displaced(plan: Plan) -> None:
         # only what it still misses is lost, and never more than that is re-placed
         missing = max(deps[e].target_replicas - plan.placed(e), 0)
         lost = min(sum(plan.displaced[e].values()), missing)
-        still = lost - (fill(plan, e, lost) if lost else 0)
+        back = sum(plan.displaced[e].values()) - lost + (fill(plan, e, lost) if lost else 0)
         left: dict[int, int] = {}
-        for by in sorted(plan.displaced[e]):
-            take = min(still, plan.displaced[e][by])
-            if take:
-                left[by] = take
-            still -= take
+        for by in sorted(plan.displaced[e]):  # what came back clears the first displacers
+            take = min(back, plan.displaced[e][by])
+            back -= take
+            if plan.displaced[e][by] > take:
+                left[by] = plan.displaced[e][by] - take
         if left:
             plan.displaced[e] = left
         else:
