@@ -10,7 +10,14 @@ the re-plan time at 70/92 % (CPU seconds of the single-threaded place() call, wh
 unplaced GPUs at 92 % against the optimum's interval, and one incremental change; then
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
-Where it stands (session 11, 2026-12-06, the machine quiet, docs/placement.md "Status"):
+Session 12 (2026-12-06, another machine): "hi-prio" added (GPUs above the lowest priority
+left unplaced, against a MIP that ranks priorities): 0 in all 24 cases of seeds 7, 11, 13
+after the eviction fixes (356-609 GPUs at 60 shapes before). FAIL on every seed: the
+one-per-deployment family takes 1.0-1.33 CPU s on this machine (1.04-1.07 s before the
+fixes too); seed 11 60/92 % 1888 vs 1885; 1,000/92 % on seeds 11 and 13 above the proven
+bound where the 15 s MIP found no placement; seed 13 60/70 % 1434 vs 1430 and +0.51 %.
+
+Where it stood (session 11, 2026-12-06, the machine quiet, docs/placement.md "Status"):
 seed 7 PASS (worst 0.79 CPU s, +0.43 %, every unplaced figure at the optimum). Seed 11
 FAIL: 60 shapes at 92 % leave 1886 GPUs unplaced vs the optimum 1885. Seed 13 FAIL: 60
 shapes at 70 % 1434 vs 1430, and 1,000 shapes at 92 % +0.51 %. Every other case of the 24
