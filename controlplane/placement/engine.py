@@ -27,6 +27,7 @@ Deterministic: every choice breaks ties by index, no randomness, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -289,12 +290,7 @@ def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
 
 
 def _place_again(plan: Plan, ds: list[int]) -> None:
-    deps = plan.t.inp.deployments
-    for d in ds:
-        missing = deps[d].target_replicas - plan.placed(d)
-        if missing > 0 and place_hard(plan, d, missing):
-            enforce_spot(plan, d)
-            enforce_spread(plan, d)
+    _place_short(plan, ds, place_hard)
 
 
 def top_up(plan: Plan, order: list[int]) -> None:
@@ -303,10 +299,16 @@ def top_up(plan: Plan, order: list[int]) -> None:
     Leaves nothing a re-plan of the same input could still add, so that an unchanged
     input moves nothing and adds nothing.
     """
+    _place_short(plan, order, fill)
+
+
+def _place_short(plan: Plan, ds: list[int], how: Callable[[Plan, int, int], int]) -> None:
+    """Each of ``ds`` still short of its target places what it misses with ``how`` (fill,
+    or fill and repair); the rules are enforced again where it placed any."""
     deps = plan.t.inp.deployments
-    for d in order:
+    for d in ds:
         missing = deps[d].target_replicas - plan.placed(d)
-        if missing > 0 and fill(plan, d, missing):
+        if missing > 0 and how(plan, d, missing):
             enforce_spot(plan, d)
             enforce_spread(plan, d)
 
