@@ -27,7 +27,6 @@ Deterministic: every choice breaks ties by index, no randomness, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -44,7 +43,13 @@ from controlplane.placement.packing import (
     enforce_spread,
     fill,
 )
-from controlplane.placement.repair import place_hard, rehome_displaced, swap_and_improve
+from controlplane.placement.repair import (
+    place_hard,
+    place_short,
+    place_trimmed,
+    rehome_displaced,
+    swap_and_improve,
+)
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -270,47 +275,13 @@ def solve(plan: Plan, order: list[int]) -> None:
     top_up(plan, order)
 
 
-def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
-    """Deployments above the lowest priority that the spot or spread rule trimmed (a fill
-    had put replicas where the rule cannot hold, e.g. a second one on the same provider
-    when the others were full) get the repair again, now with the rule in force: room
-    made by moving others or by evicting lower priorities in a pool of a provider (region)
-    they lack. The evicted are re-homed where room is left."""
-    deps = plan.t.inp.deployments
-    lowest = plan.t.lowest_priority
-    again = [d for d in trimmed if deps[d].priority > lowest]
-    if not again:
-        return
-    _place_again(plan, again)
-    # whom they evicted, if above the lowest priority, may in turn evict lower ones (as
-    # in the first pass, where a victim's own turn comes later in the priority order)
-    victims = [e for e in plan.displaced if deps[e].priority > lowest]
-    _place_again(plan, sorted(victims, key=lambda e: (-deps[e].priority, e)))
-    rehome_displaced(plan)
-
-
-def _place_again(plan: Plan, ds: list[int]) -> None:
-    _place_short(plan, ds, place_hard)
-
-
 def top_up(plan: Plan, order: list[int]) -> None:
     """Last chance for short deployments on the room left after improve and enforcement.
 
     Leaves nothing a re-plan of the same input could still add, so that an unchanged
     input moves nothing and adds nothing.
     """
-    _place_short(plan, order, fill)
-
-
-def _place_short(plan: Plan, ds: list[int], how: Callable[[Plan, int, int], int]) -> None:
-    """Each of ``ds`` still short of its target places what it misses with ``how`` (fill,
-    or fill and repair); the rules are enforced again where it placed any."""
-    deps = plan.t.inp.deployments
-    for d in ds:
-        missing = deps[d].target_replicas - plan.placed(d)
-        if missing > 0 and how(plan, d, missing):
-            enforce_spot(plan, d)
-            enforce_spread(plan, d)
+    place_short(plan, order, fill)
 
 
 def _removed(inp: PlacementInput, current: dict[str, Slots]) -> tuple:

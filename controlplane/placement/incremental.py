@@ -19,7 +19,7 @@ from controlplane.placement.packing import (
     enforce_spread,
     fill,
 )
-from controlplane.placement.repair import improve, place_hard, rehome_displaced
+from controlplane.placement.repair import improve, place_hard, place_trimmed, rehome_displaced
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -153,10 +153,15 @@ def _settle(plan: Plan, changed: list[int], retry: list[int]) -> None:
             else:
                 fill(plan, d, missing)
     rehome_displaced(plan)
+    trimmed = []
     for d in order:
         if plan.alloc[d]:
+            before = plan.placed(d)
             enforce_spot(plan, d)
             enforce_spread(plan, d)
+            if plan.placed(d) < before and d in changed:
+                trimmed.append(d)
+    place_trimmed(plan, trimmed)
     improve(plan, [d for d in order if d in changed], passes=1)
 
 

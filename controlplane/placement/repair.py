@@ -15,6 +15,7 @@ Every move is checked against the victim's static constraints, spot budget and s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,6 +23,8 @@ from controlplane.placement.packing import (
     INF,
     Plan,
     candidates,
+    enforce_spot,
+    enforce_spread,
     fill,
     spread_filter,
     spread_need,
@@ -161,6 +164,36 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
                 plan.no_room.add(shape)
             break
     return placed
+
+
+def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
+    """Deployments above the lowest priority that the spot or spread rule trimmed (a fill
+    had put replicas where the rule cannot hold, e.g. a second one on the same provider
+    when the others were full) get the repair again, now with the rule in force: room
+    made by moving others or by evicting lower priorities in a pool of a provider (region)
+    they lack. The evicted are re-homed where room is left."""
+    deps = plan.t.inp.deployments
+    lowest = plan.t.lowest_priority
+    again = [d for d in trimmed if deps[d].priority > lowest]
+    if not again:
+        return
+    place_short(plan, again, place_hard)
+    # whom they evicted, if above the lowest priority, may in turn evict lower ones (as
+    # in the first pass, where a victim's own turn comes later in the priority order)
+    victims = [e for e in plan.displaced if deps[e].priority > lowest]
+    place_short(plan, sorted(victims, key=lambda e: (-deps[e].priority, e)), place_hard)
+    rehome_displaced(plan)
+
+
+def place_short(plan: Plan, ds: list[int], how: Callable[[Plan, int, int], int]) -> None:
+    """Each of ``ds`` still short of its target places what it misses with ``how`` (fill,
+    or fill and repair); the rules are enforced again where it placed any."""
+    deps = plan.t.inp.deployments
+    for d in ds:
+        missing = deps[d].target_replicas - plan.placed(d)
+        if missing > 0 and how(plan, d, missing):
+            enforce_spot(plan, d)
+            enforce_spread(plan, d)
 
 
 def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:

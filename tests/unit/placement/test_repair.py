@@ -4,9 +4,8 @@ room when a replica fits nowhere."""
 from __future__ import annotations
 
 from controlplane.placement.constraints import compile_tables
-from controlplane.placement.engine import place_trimmed
 from controlplane.placement.packing import Plan
-from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, swap
+from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, place_trimmed, swap
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
 
 N = 20  # admissible pools of the stuck replica, all full; only the dearest can be freed
