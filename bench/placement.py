@@ -176,7 +176,9 @@ def run_case(
     high, high_ceiling = high_priority_unplaced(inp, ours), 0
     if high:  # could a placement have left fewer? (else: a priority inversion)
         hp = high_priority_unplaced_optimum(inp, time_limit=30.0) if bound else None
-        high_ceiling = round(hp.unplaced_gpus) if hp and hp.unplaced_gpus >= 0 else -1
+        # as above: a MIP stopped before its first placement reports 0, which is none
+        placed = hp is not None and hp.unplaced_gpus >= hp.unplaced_bound - 1e-6
+        high_ceiling = round(hp.unplaced_gpus) if hp is not None and placed else -1
     gap = (ours.objective_per_hour / at_volume - 1) * 100 if at_volume > 0 else math.nan
     gap_best = gap
     if mip and gap > TARGET_GAP:  # the MIP's dual bound may close part of the integrality gap
