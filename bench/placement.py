@@ -144,7 +144,7 @@ class Row:
             and self.gap_best <= TARGET_GAP  # False when no bound was proven (nan)
             and self.ceiling >= 0
             and self.unplaced <= self.ceiling
-            and (self.high == 0 or 0 <= self.high_ceiling >= self.high)
+            and self.high <= max(self.high_ceiling, 0)  # -1: the MIP found no placement
         )
 
 

@@ -39,11 +39,10 @@ from controlplane.placement.model import Assignment, PlacementInput, PlacementRe
 from controlplane.placement.packing import (
     Plan,
     drop_most_expensive,
-    enforce_spot,
-    enforce_spread,
     fill,
 )
 from controlplane.placement.repair import (
+    enforce_rules,
     place_hard,
     place_short,
     place_trimmed,
@@ -262,15 +261,7 @@ def solve(plan: Plan, order: list[int]) -> None:
         if missing > 0:
             place_hard(plan, d, missing)
     rehome_displaced(plan)
-    trimmed = []
-    for d in order:
-        if plan.alloc[d]:
-            before = plan.placed(d)
-            enforce_spot(plan, d)
-            enforce_spread(plan, d)
-            if plan.placed(d) < before:
-                trimmed.append(d)
-    place_trimmed(plan, trimmed)
+    place_trimmed(plan, enforce_rules(plan, order))
     swap_and_improve(plan, order)
     top_up(plan, order)
 

@@ -15,11 +15,15 @@ from controlplane.placement.model import PlacementInput, PlacementResult
 from controlplane.placement.packing import (
     Plan,
     drop_most_expensive,
-    enforce_spot,
-    enforce_spread,
     fill,
 )
-from controlplane.placement.repair import improve, place_hard, place_trimmed, rehome_displaced
+from controlplane.placement.repair import (
+    enforce_rules,
+    improve,
+    place_hard,
+    place_trimmed,
+    rehome_displaced,
+)
 from controlplane.placement.result import (
     EngineState,
     Slots,
@@ -153,15 +157,7 @@ def _settle(plan: Plan, changed: list[int], retry: list[int]) -> None:
             else:
                 fill(plan, d, missing)
     rehome_displaced(plan)
-    trimmed = []
-    for d in order:
-        if plan.alloc[d]:
-            before = plan.placed(d)
-            enforce_spot(plan, d)
-            enforce_spread(plan, d)
-            if plan.placed(d) < before and d in changed:
-                trimmed.append(d)
-    place_trimmed(plan, trimmed)
+    place_trimmed(plan, [d for d in enforce_rules(plan, order) if d in changed])
     improve(plan, [d for d in order if d in changed], passes=1)
 
 

@@ -185,6 +185,20 @@ def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
     rehome_displaced(plan)
 
 
+def enforce_rules(plan: Plan, ds: list[int]) -> list[int]:
+    """The spot and spread rules enforced on each of ``ds`` that holds replicas; returns
+    those it trimmed (in ``ds``'s order)."""
+    trimmed = []
+    for d in ds:
+        if plan.alloc[d]:
+            before = plan.placed(d)
+            enforce_spot(plan, d)
+            enforce_spread(plan, d)
+            if plan.placed(d) < before:
+                trimmed.append(d)
+    return trimmed
+
+
 def place_short(plan: Plan, ds: list[int], how: Callable[[Plan, int, int], int]) -> None:
     """Each of ``ds`` still short of its target places what it misses with ``how`` (fill,
     or fill and repair); the rules are enforced again where it placed any."""
