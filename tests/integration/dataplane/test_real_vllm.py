@@ -123,9 +123,7 @@ async def test_a_canary_of_real_vllm_with_other_engine_args_is_judged_and_promot
     outcomes and the canary's gates (``rollouts.judge``, as the control plane's tick runs
     them) pass on them. Promotion, under traffic, adopts the lane's replica as it is — the
     same vLLM process, no restart — drains r1's, and no request fails on the way. (Each
-    replica is warmed up directly first — a fresh vLLM's first request took 2.5 s in CI —
-    and the latency gates are loosened to 10x: two CPU engines share 2 cores with the test,
-    and the quantiles are bucket bounds; the engine-sim fleet test gates latency.)"""
+    replica is warmed up directly first — a fresh vLLM's first request took 2.5 s in CI.)"""
     stable = DeploymentDesired(
         name="tiny",
         spec=RevisionSpec(model_id=str(HOME / "models" / "tiny-llama"), revision="r1",
@@ -150,16 +148,14 @@ async def test_a_canary_of_real_vllm_with_other_engine_args_is_judged_and_promot
             card = (await c.get(f"{router.backends[rid].endpoint}/v1/models")).json()["data"][0]
             lens[rid] = card["max_model_len"]
     assert lens == {stable_id: 512, lane_id: 1024}  # two revisions, really different
+    warm = {"model": "tiny", "prompt": "Once upon a time, in a land far away, there lived",
+            "max_tokens": 4, "ignore_eos": True}  # fmt: skip
     async with httpx.AsyncClient(timeout=120) as c:  # a fresh vLLM's first requests are slow
-        for rid in (stable_id, lane_id):
-            for _ in range(2):
-                warm = {
-                    "model": "tiny",
-                    "prompt": "Once upon a time, in a land far away, there lived",
-                    "max_tokens": 2,
-                }
-                answer = await c.post(f"{router.backends[rid].endpoint}/v1/completions", json=warm)
-                assert answer.status_code == 200, answer.text
+        for rid in (stable_id, lane_id):  # one at a time, then in batches the traffic's size
+            url = f"{router.backends[rid].endpoint}/v1/completions"
+            for batch in (1, 1, 4, 4):
+                answers = await asyncio.gather(*(c.post(url, json=warm) for _ in range(batch)))
+                assert [a.status_code for a in answers] == [200] * batch, answers[0].text
 
     before = {d: router.outcomes(d) for d in ("tiny", "tiny--r2")}
     failed: list[str] = []
@@ -182,9 +178,13 @@ async def test_a_canary_of_real_vllm_with_other_engine_args_is_judged_and_promot
         windows[d] = window_of([outcomes_delta(before[d], now)])
     assert windows["tiny"].requests + windows["tiny--r2"].requests == 40
     assert windows["tiny--r2"].requests >= 8 and windows["tiny"].requests >= 8, windows
-    gates = Gates(min_requests=8, max_p99_ttft_ratio=10.0, max_p99_e2e_ratio=10.0)
+    # two CPU engines on 2 cores with the test: a side's p99 of ~20 requests is its slowest
+    # one, 0.05 s to 2.5 s from run to run on either side, so the ratio gates are opened and
+    # an absolute bound stands in for them (the engine-sim fleet test gates the ratios)
+    gates = Gates(min_requests=8, max_p99_ttft_ratio=1e3, max_p99_e2e_ratio=1e3)
     verdict = judge(windows["tiny--r2"], windows["tiny"], gates)
     assert verdict.passed is True, verdict
+    assert max(w.p99_e2e_s for w in windows.values()) <= 10.0, windows
 
     # promoted, under traffic: the lane's replica joins `tiny` as it is, r1's drains
     lane_pid = vllm_plane.pid(lane_id)
