@@ -43,9 +43,9 @@ from controlplane.placement.packing import (
 )
 from controlplane.placement.repair import (
     enforce_rules,
+    place_again,
     place_hard,
     place_short,
-    place_trimmed,
     rehome_displaced,
     swap_and_improve,
 )
@@ -261,17 +261,21 @@ def solve(plan: Plan, order: list[int]) -> None:
         if missing > 0:
             place_hard(plan, d, missing)
     rehome_displaced(plan)
-    place_trimmed(plan, enforce_rules(plan, order))
+    place_again(plan, enforce_rules(plan, order))
     swap_and_improve(plan, order)
     top_up(plan, order)
 
 
 def top_up(plan: Plan, order: list[int]) -> None:
-    """Last chance for short deployments on the room left after improve and enforcement.
+    """Last chance for short deployments on the room left after improve and enforcement;
+    those above the lowest priority may evict once more: improve or a swap may have moved
+    a lower priority into room they could take, which a re-plan would then evict.
 
     Leaves nothing a re-plan of the same input could still add, so that an unchanged
     input moves nothing and adds nothing.
     """
+    plan.no_room.clear()  # improve and swap moved replicas: room found lacking may be there
+    place_again(plan, order)
     place_short(plan, order, fill)
 
 

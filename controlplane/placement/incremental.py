@@ -20,8 +20,8 @@ from controlplane.placement.packing import (
 from controlplane.placement.repair import (
     enforce_rules,
     improve,
+    place_again,
     place_hard,
-    place_trimmed,
     rehome_displaced,
 )
 from controlplane.placement.result import (
@@ -87,6 +87,7 @@ def _release_removed(plan: Plan, state: EngineState, old_of: list[int | None]) -
             for p, n in a.items():
                 plan.used[p] -= n * old.size(o)
                 plan.removals += 1
+                plan.freed_at[p] = plan.removals
 
 
 def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResult:
@@ -157,7 +158,7 @@ def _settle(plan: Plan, changed: list[int], retry: list[int]) -> None:
             else:
                 fill(plan, d, missing)
     rehome_displaced(plan)
-    place_trimmed(plan, [d for d in enforce_rules(plan, order) if d in changed])
+    place_again(plan, [d for d in enforce_rules(plan, order) if d in changed])
     improve(plan, [d for d in order if d in changed], passes=1)
 
 

@@ -36,16 +36,25 @@ class Plan:
     # shapes (size, admissible pools, spot budget left, priority) for which repair found
     # no room: later deployments of the same shape skip the search (room only shrinks)
     no_room: set[tuple[int, int, bool, int]] = field(default_factory=set)
+    # deployments repair has placed a replica for (by moving others or evicting): a
+    # later eviction for one of them must not break a victim's spread rule
+    repaired: set[int] = field(default_factory=set)
     # room only grows through remove(): `removals` counts its calls, and repair's
     # no_target[(id(admissible mask), size)] is `removals` when no admissible pool had
     # room for one more replica of that size (so none has while the count is unchanged)
     removals: int = 0
     no_target: dict[tuple[int, int], int] = field(default_factory=dict)
+    # per pool: `removals` at its last remove(), i.e. when it last gained room (0: never)
+    freed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
     # previous plan until first written; these sets hold the ones already copied
     shared: bool = False
     own_deps: set[int] = field(default_factory=set)
     own_pools: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if len(self.freed_at) != len(self.used):
+            self.freed_at = np.zeros(len(self.used), dtype=np.int64)
 
     @classmethod
     def empty(cls, t: Tables) -> Plan:
@@ -83,6 +92,7 @@ class Plan:
             self._own(d, p)
         self.touched.add(d)
         self.removals += 1
+        self.freed_at[p] = self.removals
         left = self.alloc[d][p] - n
         if left:
             self.alloc[d][p] = left

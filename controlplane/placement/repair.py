@@ -142,7 +142,8 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     """fill(), then make room for what is left, then displace lower priority; returns placed."""
     placed = fill(plan, d, k)
     dep = plan.t.inp.deployments[d]
-    harmful_ok = True  # the first eviction may break a victim's spread, later ones not
+    # the first eviction for d may break a victim's spread, later ones not (in this call
+    # or a later one: plan.repaired)
     movable = True  # moving others may still make room: false once it found none, since
     # evicting for d frees room only where d then goes (the victims leave the plan)
     while placed < k and (plan.blocked.get(d) == "capacity" or plan.blocked.get(d) in SPREAD):
@@ -151,12 +152,12 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
         if by_capacity and shape in plan.no_room:
             break
         movable = movable and make_room(plan, d)
-        if movable or displace(plan, d, harmful_ok):
+        if movable or displace(plan, d, harmful_ok=d not in plan.repaired):
             got = fill(plan, d, 1)
             if got == 0:
                 break
             placed += got
-            harmful_ok = False
+            plan.repaired.add(d)
             if placed < k:  # what is left, and why not (a placed replica clears `blocked`)
                 placed += fill(plan, d, k - placed)
         else:
@@ -166,15 +167,20 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
     return placed
 
 
-def place_trimmed(plan: Plan, trimmed: list[int]) -> None:
-    """Deployments above the lowest priority that the spot or spread rule trimmed (a fill
-    had put replicas where the rule cannot hold, e.g. a second one on the same provider
-    when the others were full) get the repair again, now with the rule in force: room
-    made by moving others or by evicting lower priorities in a pool of a provider (region)
-    they lack. The evicted are re-homed where room is left."""
+def place_again(plan: Plan, short: list[int]) -> None:
+    """Deployments above the lowest priority among ``short`` get the repair again: room
+    made by moving others or by evicting lower priorities. Used for those the spot or
+    spread rule trimmed (a fill had put replicas where the rule cannot hold, e.g. a second
+    one on the same provider when the others were full: now the rule is in force), and at
+    the end for those still short (improve may have moved a lower priority into room they
+    could take). The evicted are re-homed where room is left."""
     deps = plan.t.inp.deployments
     lowest = plan.t.lowest_priority
-    again = [d for d in trimmed if deps[d].priority > lowest]
+    again = [
+        d
+        for d in short
+        if deps[d].priority > lowest and plan.placed(d) < deps[d].target_replicas
+    ]
     if not again:
         return
     place_short(plan, again, place_hard)
@@ -326,18 +332,25 @@ def improve(
     """Move replicas into cheaper pools with room until no move saves enough.
 
     ``settled`` (kept across calls): plan.removals when d last found no cheaper pool:
-    until a replica is removed no pool gains room (nor d's own replicas change), so it
-    would find none again."""
-    churn = plan.t.inp.weights.churn_cost_per_gpu_hour
+    until one of d's admissible pools gains room (a replica removed there, which d's own
+    moves are too) it would find none again."""
+    t = plan.t
+    churn = t.inp.weights.churn_cost_per_gpu_hour
     settled = {} if settled is None else settled
     for _ in range(passes):
         moved = False
         for d in order:
-            if plan.alloc[d] and settled.get(d) != plan.removals:
-                if _improve_one(plan, d, churn):
-                    moved = True
-                else:
-                    settled[d] = plan.removals
+            if not plan.alloc[d]:
+                continue
+            since = settled.get(d)
+            if since is not None and (
+                since == plan.removals or not (plan.freed_at[t.compat_index(d)] > since).any()
+            ):
+                continue
+            if _improve_one(plan, d, churn):
+                moved = True
+            else:
+                settled[d] = plan.removals
         if not moved:
             return
 

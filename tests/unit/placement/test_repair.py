@@ -4,8 +4,9 @@ room when a replica fits nowhere."""
 from __future__ import annotations
 
 from controlplane.placement.constraints import compile_tables
+from controlplane.placement.engine import top_up
 from controlplane.placement.packing import Plan
-from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, place_trimmed, swap
+from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, place_again, swap
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
 
 N = 20  # admissible pools of the stuck replica, all full; only the dearest can be freed
@@ -104,9 +105,29 @@ def test_a_trimmed_higher_priority_deployment_evicts_and_its_victim_evicts_in_tu
     plan.add(1, 1, 1)  # mid on gcp
     plan.add(2, 2, 1)  # batch on lambda
 
-    place_trimmed(plan, [0])
+    place_again(plan, [0])
 
     assert plan.alloc[0] == {0: 1, 1: 1}  # prod spans aws and gcp
     assert plan.alloc[1] == {2: 1}  # mid moved to lambda in batch's place
     assert plan.alloc[2] == {}
     assert plan.displaced == {2: {1: 1}}  # batch, displaced by mid
+
+
+def test_the_last_top_up_evicts_a_lower_priority_that_took_room_after_the_repair():
+    """`high` (priority 1) found no room in repair; afterwards improve moved `low`
+    (priority 0) into the one pool `high` may use. The last top-up evicts it there, as a
+    re-plan of the result would (it left the plan unstable before: the re-plan moved)."""
+    pools = [make_pool("a", gpu_type="A", capacity=8), make_pool("b", gpu_type="B", capacity=8)]
+    deps = [
+        make_deployment("high", gpus=2, priority=1, gpu_types=("A",)),
+        make_deployment("low", gpus=8, priority=0, gpu_types=("A", "B")),
+    ]
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    plan.add(1, 0, 1)  # low in a, where high would go; b has room but not for high
+    plan.no_room.add((2, id(plan.t.compat(0)), False, 1))  # what the failed repair noted
+
+    top_up(plan, [0, 1])
+
+    assert plan.alloc[0] == {0: 1}  # high runs
+    assert plan.alloc[1] == {1: 1}  # low re-homed in b
+    assert plan.displaced == {}  # moved, not lost
