@@ -177,9 +177,7 @@ def place_again(plan: Plan, short: list[int]) -> None:
     deps = plan.t.inp.deployments
     lowest = plan.t.lowest_priority
     again = [
-        d
-        for d in short
-        if deps[d].priority > lowest and plan.placed(d) < deps[d].target_replicas
+        d for d in short if deps[d].priority > lowest and plan.placed(d) < deps[d].target_replicas
     ]
     if not again:
         return
