@@ -86,8 +86,7 @@ def _release_removed(plan: Plan, state: EngineState, old_of: list[int | None]) -
         if o not in alive:
             for p, n in a.items():
                 plan.used[p] -= n * old.size(o)
-                plan.removals += 1
-                plan.freed_at[p] = plan.removals
+                plan.freed(p)
 
 
 def replan_deployments(state: EngineState, inp: PlacementInput) -> PlacementResult:

@@ -39,12 +39,15 @@ class Plan:
     # deployments repair has placed a replica for (by moving others or evicting): a
     # later eviction for one of them must not break a victim's spread rule
     repaired: set[int] = field(default_factory=set)
-    # room only grows through remove(): `removals` counts its calls, and repair's
-    # no_target[(id(admissible mask), size)] is `removals` when no admissible pool had
-    # room for one more replica of that size (so none has while the count is unchanged)
+    # room only grows through remove(), which gives `removals` a new stamp (unique, from
+    # `stamps`); repair's no_target[(id(admissible mask), size)] is (stamp, the pools that
+    # had room for one more replica of that size then), a superset of those with room
+    # while the stamp is unchanged. A move tried and undone puts `removals` back: the room
+    # is as it was, and notes made meanwhile carry stamps never handed out again.
     removals: int = 0
-    no_target: dict[tuple[int, int], int] = field(default_factory=dict)
-    # per pool: `removals` at its last remove(), i.e. when it last gained room (0: never)
+    stamps: int = 0
+    no_target: dict[tuple[int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
+    # per pool: the stamp of its last remove(), i.e. when it last gained room (0: never)
     freed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
     # previous plan until first written; these sets hold the ones already copied
@@ -91,8 +94,7 @@ class Plan:
         if self.shared:
             self._own(d, p)
         self.touched.add(d)
-        self.removals += 1
-        self.freed_at[p] = self.removals
+        self.freed(p)
         left = self.alloc[d][p] - n
         if left:
             self.alloc[d][p] = left
@@ -104,6 +106,11 @@ class Plan:
         kept = self.kept[d].get(p, 0)
         if kept > left:
             self.kept[d][p] = left
+
+    def freed(self, p: int) -> None:
+        """Pool p gained room: a new stamp."""
+        self.stamps = max(self.stamps, self.removals) + 1
+        self.removals = self.freed_at[p] = self.stamps
 
     def placed(self, d: int) -> int:
         return sum(self.alloc[d].values())

@@ -41,50 +41,68 @@ MAX_ROOM_POOLS = 32
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 
+def _room_for(plan: Plan, e: int) -> np.ndarray:
+    """e's admissible pools that had room for one more replica of e when the room last
+    grew: a superset of those with room now (room only shrinks between removals), so
+    that none, or none but the pool being emptied, means no move. Kept per shape (size,
+    admissible pools) in plan.no_target until the next removal."""
+    t = plan.t
+    key = (id(t.compat(e)), plan.size(e))  # masks live in Tables' cache: ids stay valid
+    hit = plan.no_target.get(key)
+    if hit is not None and hit[0] == plan.removals:
+        return hit[1]
+    idx = t.compat_index(e)  # e's admissible pools: the search is over those only
+    pools = idx[t.cap[idx] - plan.used[idx] >= key[1]]
+    plan.no_target[key] = (plan.removals, pools)
+    return pools
+
+
+def _targets(plan: Plan, e: int, p: int) -> np.ndarray:
+    """The pools one replica of e in p may move to now: admissible, with room, not p, not
+    spot unless e's spot budget allows."""
+    t = plan.t
+    pools = _room_for(plan, e)
+    if not len(pools) or (len(pools) == 1 and pools[0] == p):
+        return pools[:0]  # most victims in a full fleet
+    ok = (t.cap[pools] - plan.used[pools] >= plan.size(e)) & (pools != p)
+    if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
+        ok &= ~t.is_spot[pools]
+    return pools[ok]
+
+
 def _move_one(plan: Plan, e: int, p: int) -> int | None:
     """Move one replica of e out of pool p to the cheapest admissible pool; return it."""
-    t = plan.t
-    s = plan.size(e)
-    key = (id(t.compat(e)), s)  # masks live in Tables' cache: ids stay valid
-    if plan.no_target.get(key) == plan.removals:
-        return None  # no admissible pool had room, and none has gained room since
-    idx = t.compat_index(e)  # e's admissible pools: the search is over those only
-    room = t.cap[idx] - plan.used[idx] >= s
-    if not room.any():  # most victims in a full fleet: remembered until room grows
-        plan.no_target[key] = plan.removals
+    targets = _targets(plan, e, p)
+    if not len(targets):
         return None
-    ok = room & (idx != p)
-    if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
-        ok &= ~t.is_spot[idx]
-    targets = idx[ok]
-    cost = t.cost(e)[targets]
+    cost = plan.t.cost(e)[targets]
     for i in np.argsort(cost, kind="stable")[:MAX_TARGETS]:
         q = int(targets[i])
+        stamp = plan.removals
         plan.remove(e, p, 1)
         plan.add(e, q, 1)
         if spread_ok(plan, e) and plan.spot_budget(e) >= 0:
             return q
         plan.remove(e, q, 1)
         plan.add(e, p, 1)
+        plan.removals = stamp  # undone: the room is as it was
     return None
 
 
 def _may_free(plan: Plan, p: int, need: int, protect: int) -> bool:
     """Could moving others' replicas out of p free `need` GPUs there at all? False when
-    the room plus every replica that may move (not kept, its shape not known to find no
-    pool with room) falls short: `_free_pool` would try them all and fail."""
+    the room plus every replica that may move (not kept, with a pool to go to) falls
+    short: `_free_pool` would try them all and fail (moving others out of p gives room
+    in p only, where they cannot go)."""
     t = plan.t
     room = int(t.cap[p] - plan.used[p])
     for e, n in plan.members[p].items():
         if e == protect:
             continue
         movable = n - plan.kept[e].get(p, 0)
-        if movable <= 0:
+        if movable <= 0 or not len(_targets(plan, e, p)):
             continue
-        s = plan.size(e)
-        if plan.no_target.get((id(t.compat(e)), s)) == plan.removals:
-            continue
-        room += movable * s
+        room += movable * plan.size(e)
         if room >= need:
             return True
     return room >= need
@@ -94,6 +112,7 @@ def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, i
     """Move replicas of others out of p until `need` GPUs are free there; None if it can't."""
     if not _may_free(plan, p, need, protect):
         return None
+    stamp = plan.removals
     moves: list[tuple[int, int, int]] = []
     victims = sorted(
         (e for e in plan.members[p] if e != protect),
@@ -113,6 +132,7 @@ def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, i
     for e, src, q in reversed(moves):
         plan.remove(e, q, 1)
         plan.add(e, src, 1)
+    plan.removals = stamp  # all undone: the room is as it was
     return None
 
 
