@@ -344,14 +344,16 @@ def rehome_displaced(plan: Plan) -> None:
             del plan.displaced[e]
 
 
-def improve(
-    plan: Plan, order: list[int], passes: int = 8, settled: dict[int, int] | None = None
-) -> None:
+Settled = dict[int, tuple[int, dict[int, int]]]
+
+
+def improve(plan: Plan, order: list[int], passes: int = 8, settled: Settled | None = None) -> None:
     """Move replicas into cheaper pools with room until no move saves enough.
 
-    ``settled`` (kept across calls): plan.removals when d last found no cheaper pool:
-    until one of d's admissible pools gains room (a replica removed there, which d's own
-    moves are too) it would find none again."""
+    ``settled`` (kept across calls): (plan.removals, d's pools) when d last found no
+    cheaper pool: while d holds the same and none of its admissible pools cheaper than
+    its dearest has gained room since (a replica removed there), it would find none again
+    (others' moves change nothing else it looks at)."""
     t = plan.t
     churn = t.inp.weights.churn_cost_per_gpu_hour
     settled = {} if settled is None else settled
@@ -360,15 +362,20 @@ def improve(
         for d in order:
             if not plan.alloc[d]:
                 continue
-            since = settled.get(d)
-            if since is not None and (
-                since == plan.removals or not (plan.freed_at[t.compat_index(d)] > since).any()
-            ):
-                continue
+            seen = settled.get(d)
+            if seen is not None and seen[1] == plan.alloc[d]:
+                since = seen[0]
+                if since == plan.removals:
+                    continue
+                idx = t.compat_index(d)
+                cost = t.cost(d)
+                dearest = max(cost[p] for p in plan.alloc[d])
+                if not ((plan.freed_at[idx] > since) & (cost[idx] < dearest)).any():
+                    continue
             if _improve_one(plan, d, churn):
                 moved = True
             else:
-                settled[d] = plan.removals
+                settled[d] = (plan.removals, dict(plan.alloc[d]))
         if not moved:
             return
 
@@ -415,14 +422,14 @@ def swap_and_improve(plan: Plan, order: list[int]) -> None:
     """`improve`, then `swap`, then `improve` again where that can find more: a swap
     leaves every pool's room as it was, so only the deployments it moved can have new
     cheaper pools, until one of them moves into room (which `improve` then follows)."""
-    settled: dict[int, int] = {}
+    settled: Settled = {}
     improve(plan, order, settled=settled)
     moved = swap(plan, order)
     if not moved:
         return
-    for d in settled:
+    for d, (_since, held) in settled.items():
         if d not in moved:
-            settled[d] = plan.removals
+            settled[d] = (plan.removals, held)
     improve(plan, order, settled=settled)
 
 
