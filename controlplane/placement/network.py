@@ -269,23 +269,14 @@ def solve(pr: transport.Problem, unit: np.ndarray, region: np.ndarray) -> np.nda
     # divisibility cuts as a network: replicas whose size is a multiple of s use at most
     # s x floor(free / s) GPUs of a pool, so each size's node of a pool passes its flow on
     # to the node of the largest smaller size dividing it (the pool itself if none)
-    # (a size's node whose cap equals the next one's, e.g. every size's where the pool's
-    # free GPUs are a multiple of 8, is that node: its cap cannot bind)
     size_node = np.full((len(size_values), n_p), -1, dtype=np.int64)
     for k, s_k in enumerate(size_values):
         ps = np.flatnonzero(slots[k] > 0)
+        size_node[k, ps] = n_nodes + np.arange(len(ps))
+        n_nodes += len(ps)
         parent = [j for j in range(k) if s_k % size_values[j] == 0]
-        if parent:
-            j = parent[-1]
-            down, down_cap = size_node[j, ps], size_values[j] * slots[j, ps]
-        else:
-            down, down_cap = n_c + ps, free[ps]
-        cap_k = s_k * slots[k, ps]
-        binds = cap_k < down_cap
-        size_node[k, ps] = down
-        size_node[k, ps[binds]] = n_nodes + np.arange(int(binds.sum()))
-        n_nodes += int(binds.sum())
-        arcs.add(size_node[k, ps[binds]], down[binds], cap_k[binds], 0)
+        down = size_node[parent[-1], ps] if parent else n_c + ps
+        arcs.add(size_node[k, ps], down, s_k * slots[k, ps], 0)
     out_arc0 = arcs.add(
         hub_node[out_h],
         size_node[hub_s[out_h], out_p],
