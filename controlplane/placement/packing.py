@@ -40,13 +40,13 @@ class Plan:
     # later eviction for one of them must not break a victim's spread rule
     repaired: set[int] = field(default_factory=set)
     # room only grows through remove(), which gives `removals` a new stamp (unique, from
-    # `stamps`); repair's no_target[(id(admissible mask), size)] is (stamp, the pools that
+    # `stamps`); repair's room_notes[(id(admissible mask), size)] is (stamp, the pools that
     # had room for one more replica of that size then), a superset of those with room
     # while the stamp is unchanged. A move tried and undone puts `removals` back: the room
     # is as it was, and notes made meanwhile carry stamps never handed out again.
     removals: int = 0
     stamps: int = 0
-    no_target: dict[tuple[int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
+    room_notes: dict[tuple[int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
     # per pool: the stamp of its last remove(), i.e. when it last gained room (0: never)
     freed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the

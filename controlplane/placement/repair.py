@@ -45,15 +45,15 @@ def _room_for(plan: Plan, e: int) -> np.ndarray:
     """e's admissible pools that had room for one more replica of e when the room last
     grew: a superset of those with room now (room only shrinks between removals), so
     that none, or none but the pool being emptied, means no move. Kept per shape (size,
-    admissible pools) in plan.no_target until the next removal."""
+    admissible pools) in plan.room_notes until the next removal."""
     t = plan.t
     key = (id(t.compat(e)), plan.size(e))  # masks live in Tables' cache: ids stay valid
-    hit = plan.no_target.get(key)
+    hit = plan.room_notes.get(key)
     if hit is not None and hit[0] == plan.removals:
         return hit[1]
     idx = t.compat_index(e)  # e's admissible pools: the search is over those only
     pools = idx[t.cap[idx] - plan.used[idx] >= key[1]]
-    plan.no_target[key] = (plan.removals, pools)
+    plan.room_notes[key] = (plan.removals, pools)
     return pools
 
 
