@@ -10,6 +10,10 @@ the re-plan time at 70/92 % (CPU seconds of the single-threaded place() call, wh
 unplaced GPUs at 92 % against the optimum's interval, and one incremental change; then
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
+Session 13 (2026-12-06, a slower machine): seed 7 FAILs only on the one-per-deployment
+time (1.15 / 1.45 CPU s), seed 11 on that, 60/92 % (1888 vs 1885) and 1,000/92 % (1702 vs
+the bound 1700); docs/placement.md "Status (issue 13, session 13 ...)".
+
 Session 12 (2026-12-06, another machine): "hi-prio" added (GPUs above the lowest priority
 left unplaced, against a MIP that ranks priorities): 0 in all 24 cases of seeds 7, 11, 13
 after the eviction fixes (356-609 GPUs at 60 shapes before). FAIL on every seed: the
