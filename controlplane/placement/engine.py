@@ -182,9 +182,14 @@ def assign_quotas(plan: Plan, order: list[int]) -> None:
     merged_size = np.zeros(len(quotas), dtype=np.int64)
     merged_size[of[::-1]] = sizes[::-1]  # a merged class's size: its first class's
     plan.reserved = merged_size @ quotas
+    rows, cols = np.nonzero(quotas > 0)
+    bounds = np.searchsorted(rows, np.arange(len(quotas) + 1))
     for c, ds in enumerate(members):
+        held = cols[bounds[of[c]] : bounds[of[c] + 1]]
+        held = held[t.compat(ds[0])[held]]  # members share their admissible pools
         for d in ds:
             plan.quota[d] = quotas[of[c]]  # one array per merged class: members share it
+            plan.quota_pools[d] = held
 
 
 MERGE_COST_STEP = 0.05  # $/GPU-hour: merged classes' location costs differ by less
@@ -255,6 +260,7 @@ def solve(plan: Plan, order: list[int]) -> None:
                 if missing > 0:
                     fill(plan, d, missing, only_quota=not last, spread_first=first)
         plan.quota.clear()
+        plan.quota_pools.clear()
         plan.reserved = None
     for d in order:
         missing = deps[d].target_replicas - plan.placed(d)

@@ -32,6 +32,9 @@ class Plan:
     kept: list[dict[int, int]] = field(default_factory=list)  # replicas kept from current
     touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
     quota: dict[int, np.ndarray] = field(default_factory=dict)  # replicas per pool, by flow
+    # per deployment with a quota: its admissible pools where the quota was positive when
+    # handed out (quotas only shrink: a superset of where it is positive now)
+    quota_pools: dict[int, np.ndarray] = field(default_factory=dict)
     reserved: np.ndarray | None = None  # GPUs per pool still promised to quotas
     # shapes (size, admissible pools, spot budget left, priority) for which repair found
     # no room: later deployments of the same shape skip the search (room only shrinks)
@@ -47,6 +50,7 @@ class Plan:
     removals: int = 0
     stamps: int = 0
     room_notes: dict[tuple[int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
+    room_keys: dict[int, tuple[int, int]] = field(default_factory=dict)  # d -> its note's key
     # per pool: the stamp of its last remove(), i.e. when it last gained room (0: never)
     freed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
@@ -226,7 +230,8 @@ def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray, idx: n
     by_provider = len(provs) < kp
     key = t.pool_provider if by_provider else t.pool_region
     n_keys = len(t.providers) if by_provider else len(t.region_index)  # above key's max
-    left = np.bincount(key, weights=quota, minlength=n_keys)[key[idx[ok]]]
+    held = plan.quota_pools[d]  # the class's quota over its pools (zero elsewhere)
+    left = np.bincount(key[held], weights=quota[held], minlength=n_keys)[key[idx[ok]]]
     return int(ok[np.lexsort((idx[ok], cost[ok], -left))[0]])
 
 
@@ -239,8 +244,11 @@ def _options(
     s = plan.size(d)
     quota = plan.quota.get(d)
     if only_quota:
-        idx = np.flatnonzero(quota > 0) if quota is not None else np.zeros(0, dtype=np.int64)
-        idx = idx[t.compat(d)[idx]]
+        if quota is None:
+            idx = np.zeros(0, dtype=np.int64)
+        else:
+            idx = plan.quota_pools[d]
+            idx = idx[quota[idx] > 0]
     else:
         idx = t.compat_index(d)
     free = t.cap[idx] - plan.used[idx]

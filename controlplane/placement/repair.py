@@ -41,13 +41,26 @@ MAX_ROOM_POOLS = 32
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 
+def smallest(values: np.ndarray, k: int) -> np.ndarray:
+    """np.argsort(values, kind="stable")[:k] (ties by position) without sorting them all."""
+    if len(values) <= k:
+        return np.argsort(values, kind="stable")
+    cut = np.partition(values, k - 1)[k - 1]  # the k-th smallest value
+    below = np.flatnonzero(values < cut)
+    at = np.flatnonzero(values == cut)[: k - len(below)]  # the first ones, by position
+    chosen = np.concatenate([below, at])
+    return chosen[np.argsort(values[chosen], kind="stable")]
+
+
 def _room_for(plan: Plan, e: int) -> np.ndarray:
     """e's admissible pools that had room for one more replica of e when the room last
     grew: a superset of those with room now (room only shrinks between removals), so
     that none, or none but the pool being emptied, means no move. Kept per shape (size,
     admissible pools) in plan.room_notes until the next removal."""
     t = plan.t
-    key = (id(t.compat(e)), plan.size(e))  # masks live in Tables' cache: ids stay valid
+    key = plan.room_keys.get(e)
+    if key is None:  # masks live in Tables' cache: ids stay valid
+        key = plan.room_keys[e] = (id(t.compat(e)), plan.size(e))
     hit = plan.room_notes.get(key)
     if hit is not None and hit[0] == plan.removals:
         return hit[1]
@@ -149,7 +162,7 @@ def make_room(plan: Plan, d: int) -> bool:
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot[idx]
     cost = np.where(ok, t.cost(d)[idx], INF)
-    for i in np.argsort(cost, kind="stable")[:MAX_ROOM_POOLS]:
+    for i in smallest(cost, MAX_ROOM_POOLS):
         p = int(idx[i])
         if not math.isfinite(cost[i]):
             return False
@@ -448,7 +461,7 @@ def swap(plan: Plan, order: list[int]) -> set[int]:
             continue
         cost_d = t.cost(d)
         idx = t.compat_index(d)
-        cheapest = idx[np.argsort(cost_d[idx], kind="stable")[:SWAP_POOLS]].tolist()
+        cheapest = idx[smallest(cost_d[idx], SWAP_POOLS)].tolist()
         low = float(cost_d[cheapest[0]]) if cheapest else INF
         for p in sorted(plan.alloc[d], key=lambda p: (-cost_d[p], p)):
             if cost_d[p] > low + 1e-9:  # in its cheapest pool a replica has nothing to gain

@@ -3,10 +3,14 @@ room when a replica fits nowhere."""
 
 from __future__ import annotations
 
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
 from controlplane.placement.constraints import compile_tables
 from controlplane.placement.engine import top_up
 from controlplane.placement.packing import Plan
-from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, place_again, swap
+from controlplane.placement.repair import MAX_ROOM_POOLS, make_room, place_again, smallest, swap
 from tests.unit.placement.builders import make_deployment, make_input, make_pool
 
 N = 20  # admissible pools of the stuck replica, all full; only the dearest can be freed
@@ -131,3 +135,13 @@ def test_the_last_top_up_evicts_a_lower_priority_that_took_room_after_the_repair
     assert plan.alloc[0] == {0: 1}  # high runs
     assert plan.alloc[1] == {1: 1}  # low re-homed in b
     assert plan.displaced == {}  # moved, not lost
+
+
+@given(
+    st.lists(st.sampled_from([0.5, 1.0, 1.0, 2.0, float("inf")]), max_size=60),
+    st.integers(1, 20),
+)
+def test_smallest_picks_the_pools_a_stable_sort_would(values, k):
+    # repair's pools in order of cost, ties (many: equal prices) by position, as before
+    a = np.array(values, dtype=float)
+    assert smallest(a, k).tolist() == np.argsort(a, kind="stable")[:k].tolist()
