@@ -31,6 +31,7 @@ class Plan:
     displaced: dict[int, dict[int, int]] = field(default_factory=dict)  # victim -> {by: n}
     kept: list[dict[int, int]] = field(default_factory=list)  # replicas kept from current
     touched: set[int] = field(default_factory=set)  # deployments whose allocation changed
+    spot_held: dict[int, int] = field(default_factory=dict)  # d -> its spot replicas
     quota: dict[int, np.ndarray] = field(default_factory=dict)  # replicas per pool, by flow
     # per deployment with a quota: its admissible pools where the quota was positive when
     # handed out (quotas only shrink: a superset of where it is positive now)
@@ -51,6 +52,10 @@ class Plan:
     stamps: int = 0
     room_notes: dict[tuple[int, int], tuple[int, np.ndarray]] = field(default_factory=dict)
     room_keys: dict[int, tuple[int, int]] = field(default_factory=dict)  # d -> its note's key
+    # repair's move_notes[d] = (stamp, pools with room for d, those not spot, spot budget)
+    move_notes: dict[int, tuple[int, np.ndarray, np.ndarray, int]] = field(default_factory=dict)
+    # repair's free_notes[p] = (stamp, room + movable GPUs of p's members, per member)
+    free_notes: dict[int, tuple[int, int, dict[int, int]]] = field(default_factory=dict)
     # per pool: the stamp of its last remove(), i.e. when it last gained room (0: never)
     freed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # copy-on-write (incremental re-plan): alloc/kept/members dicts are shared with the
@@ -90,6 +95,7 @@ class Plan:
         if self.shared:
             self._own(d, p)
         self.touched.add(d)
+        self.spot_held.pop(d, None)
         self.alloc[d][p] = self.alloc[d].get(p, 0) + n
         self.members[p][d] = self.members[p].get(d, 0) + n
         self.used[p] += n * self.size(d)
@@ -98,6 +104,7 @@ class Plan:
         if self.shared:
             self._own(d, p)
         self.touched.add(d)
+        self.spot_held.pop(d, None)
         self.freed(p)
         left = self.alloc[d][p] - n
         if left:
@@ -120,8 +127,11 @@ class Plan:
         return sum(self.alloc[d].values())
 
     def spot_count(self, d: int) -> int:
-        spot = self.t.is_spot
-        return sum(n for p, n in self.alloc[d].items() if spot[p])
+        held = self.spot_held.get(d)
+        if held is None:  # noted until d's next add or remove
+            spot = self.t.is_spot
+            held = self.spot_held[d] = sum(n for p, n in self.alloc[d].items() if spot[p])
+        return held
 
     def spot_budget(self, d: int) -> int:
         dep = self.t.inp.deployments[d]

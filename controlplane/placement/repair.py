@@ -77,10 +77,35 @@ def _targets(plan: Plan, e: int, p: int) -> np.ndarray:
     pools = _room_for(plan, e)
     if not len(pools) or (len(pools) == 1 and pools[0] == p):
         return pools[:0]  # most victims in a full fleet
-    ok = (t.cap[pools] - plan.used[pools] >= plan.size(e)) & (pools != p)
-    if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:  # leaving spot gives one unit back
-        ok &= ~t.is_spot[pools]
+    room = t.cap[pools] - plan.used[pools] >= plan.size(e)
+    if not room.all():  # the note, narrowed to the pools with room now: still a superset
+        pools = pools[room]
+        plan.room_notes[plan.room_keys[e]] = (plan.removals, pools)
+    ok = pools != p
+    spot = t.is_spot[pools]
+    # leaving spot gives one unit of budget back
+    if spot[ok].any() and plan.spot_budget(e) + int(t.is_spot[p]) <= 0:
+        ok &= ~spot
     return pools[ok]
+
+
+def _may_move(plan: Plan, e: int, p: int) -> bool:
+    """Might one replica of e in p move to another pool now? True whenever `_targets`
+    finds one (not only then: adds since the note may have taken the room or e's spot
+    budget; `_move_one` checks exactly). Noted per deployment until the next removal, as
+    the same victims come up for pool after pool of every stuck replica."""
+    t = plan.t
+    hit = plan.move_notes.get(e)
+    if hit is None or hit[0] != plan.removals:
+        pools = _room_for(plan, e)
+        if len(pools):
+            pools = pools[t.cap[pools] - plan.used[pools] >= plan.size(e)]
+        spot = t.is_spot[pools]
+        budget = plan.spot_budget(e) if spot.any() else 1
+        hit = plan.move_notes[e] = (plan.removals, pools, pools[~spot], budget)
+    _stamp, pools, on_demand, budget = hit
+    usable = pools if budget + int(t.is_spot[p]) > 0 else on_demand  # leaving spot: +1
+    return len(usable) > 1 or (len(usable) == 1 and usable[0] != p)
 
 
 def _move_one(plan: Plan, e: int, p: int) -> int | None:
@@ -106,19 +131,24 @@ def _may_free(plan: Plan, p: int, need: int, protect: int) -> bool:
     """Could moving others' replicas out of p free `need` GPUs there at all? False when
     the room plus every replica that may move (not kept, with a pool to go to) falls
     short: `_free_pool` would try them all and fail (moving others out of p gives room
-    in p only, where they cannot go)."""
-    t = plan.t
-    room = int(t.cap[p] - plan.used[p])
-    for e, n in plan.members[p].items():
-        if e == protect:
-            continue
-        movable = n - plan.kept[e].get(p, 0)
-        if movable <= 0 or not len(_targets(plan, e, p)):
-            continue
-        room += movable * plan.size(e)
-        if room >= need:
-            return True
-    return room >= need
+    in p only, where they cannot go).
+
+    Noted per pool until the next removal (plan.free_notes: the room plus each member's
+    movable GPUs): adds only lower that sum (a replica added to p takes at least the room
+    it could give back; one added elsewhere takes room or spot budget from p's members),
+    so the note errs only towards trying, and `_free_pool` checks every move."""
+    note = plan.free_notes.get(p)
+    if note is None or note[0] != plan.removals:
+        t = plan.t
+        parts: dict[int, int] = {}
+        for e, n in plan.members[p].items():
+            movable = n - plan.kept[e].get(p, 0)
+            if movable > 0 and _may_move(plan, e, p):
+                parts[e] = movable * plan.size(e)
+        total = int(t.cap[p] - plan.used[p]) + sum(parts.values())
+        note = plan.free_notes[p] = (plan.removals, total, parts)
+    _stamp, total, parts = note
+    return total - parts.get(protect, 0) >= need
 
 
 def _free_pool(plan: Plan, p: int, need: int, protect: int) -> list[tuple[int, int, int]] | None:
