@@ -36,8 +36,12 @@ SPREAD = ("min_distinct_providers", "min_distinct_regions")
 # pools examined per stuck replica, cheapest first. 32 instead of 8 (session 11, with the
 # `_may_free` precheck): on the 8 cases of seeds 7, 11, 13 where the bench found GPUs
 # unplaced above the optimum, 23 GPUs over it in all instead of 68, 4 cases at it, for
-# +0.00-0.09 CPU s of place(); 64: 12 over, +0.1-0.2 s; 128: 8 over, +0.1-0.45 s
-MAX_ROOM_POOLS = 32
+# +0.00-0.09 CPU s of place(); 64: 12 over, +0.1-0.2 s; 128: 8 over, +0.1-0.45 s.
+# 64 since session 14, when the notes per victim and per pool had halved make_room's
+# time: over 48 fleets (seeds 7, 11, 13, 21, 23, 29; four families; 70 and 92 %) 33 GPUs
+# fewer left out than with 32 (seed 11 60/92 % at the optimum), for +0.02-0.03 CPU s
+# at one shape per deployment (make_room 0.04 -> 0.06 s); 128: 12 fewer again, +0.05 s
+MAX_ROOM_POOLS = 64
 MAX_TARGETS = 4  # target pools tried per moved replica
 
 

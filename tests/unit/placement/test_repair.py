@@ -51,6 +51,26 @@ def test_repair_gives_up_without_moving_anything_when_no_pool_can_be_freed():
     assert all(plan.alloc[i] == {i: 1} for i in range(N))
 
 
+def test_repair_sees_room_that_a_removal_gave_after_it_found_none():
+    """Repair notes, per victim and per pool, what it found until the next removal: room
+    given back later (here the spare pool emptied) must be seen by the next attempt."""
+    pools = [make_pool(f"p{i}", gpu_type=f"T{i}", capacity=8, price=1 + 0.01 * i) for i in range(3)]
+    pools.append(make_pool("spare", gpu_type="S", capacity=8, price=5.0))
+    deps = [make_deployment(f"d{i}", gpus=8, gpu_types=(f"T{i}", "S")) for i in range(3)]
+    deps.append(make_deployment("filler", gpus=8, gpu_types=("S",)))
+    deps.append(make_deployment("stuck", gpus=8, gpu_types=("T0", "T1", "T2")))
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    for i in range(4):
+        plan.add(i, i, 1)  # d0..d2 in their pools, the filler in the spare pool
+    assert not make_room(plan, 4)  # every victim's one other pool is full
+
+    plan.remove(3, 3, 1)  # the filler leaves: the spare pool has room now
+
+    assert make_room(plan, 4)
+    assert plan.alloc[0] == {3: 1}  # d0 (the cheapest pool's) moved to the spare pool
+    assert plan.used[0] == 0
+
+
 def _crossed() -> tuple[Plan, dict[str, int]]:
     """Two full pools, one in the US and one in Europe at the same price, and two 8-GPU
     deployments placed the wrong way round: `us` (its traffic from the US) in Europe and
