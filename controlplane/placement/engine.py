@@ -10,9 +10,10 @@
    instead, cut into whole replicas per pool; the LP on merged classes x pool groups
    (coarse.py) only if that solver is missing or fails.
    Seed 7, 92 %, CPU s of place() on a shared machine (docs/placement.md, "Status"): 60
-   shapes 0.45-0.7 s at the optimum; 300 shapes 0.5-0.9 s, 2227 unplaced (= the optimum);
-   1,000 shapes 0.7-1.1 s, 2731 (= the LP bound); one per deployment 1.0-1.4 s, 2683
-   (bound 2674): see docs/placement.md for what is left.
+   shapes 0.5-0.7 s at the optimum; 300 shapes 0.5-0.9 s, 2227 unplaced (= the optimum);
+   1,000 shapes 0.6-1.0 s, 2735 (the LP bound 2731); one per deployment 0.8-0.9 s since
+   session 14 (1.0-1.4 s before), 2682 (bound 2674): see docs/placement.md for what is
+   left.
 3. fill: deployments in order (priority, then scarcest compatible capacity first, then
    bigger replicas first) take their class's quotas, spread-needing ones first spanning
    their providers/regions; a second LP and fill place what that left.

@@ -42,6 +42,7 @@ the region's provider), and the solver sees the network without its pass-through
 chain, the pool node under its one size), whose two arcs become one (`contract`). One
 shape per deployment, 92 %, seed 7: 35.6k nodes -> 17.7k (arcs 209k -> 191k), the solve
 0.74-0.86 -> 0.40-0.54 CPU s on a shared machine; 1,000 shapes 24.5k -> 12.7k, 0.43 -> 0.21 s.
+Then the nodes after the classes are renumbered (`_scatter`): ~30 % fewer pivots.
 Deterministic: the solver is exact and single-threaded; ties are broken by index.
 Returns None when pylmcf is missing or the solver fails; the caller falls back.
 """

@@ -513,15 +513,14 @@ def _swap_out(
     cost_d = t.cost(d)
     here = float(cost_d[p])
     cheaper = [(q, here - float(cost_d[q])) for q in cheapest if cost_d[q] < here - 1e-9]
-    while cheaper and plan.alloc[d].get(p, 0) > plan.kept[d].get(p, 0):
+    members, kept, compat, cost = plan.members, plan.kept, t.compat, t.cost  # hot loop
+    while cheaper and plan.alloc[d].get(p, 0) > kept[d].get(p, 0):
         best: tuple[float, int, int] | None = None
         for q, saved in cheaper:
-            for e, n in plan.members[q].items():
-                if sizes[e] != s or e == d or n <= plan.kept[e].get(q, 0):
+            for e, n in members[q].items():
+                if sizes[e] != s or e == d or n <= kept[e].get(q, 0) or not compat(e)[p]:
                     continue
-                if not t.compat(e)[p]:
-                    continue
-                cost_e = t.cost(e)
+                cost_e = cost(e)
                 gain = saved - float(cost_e[p] - cost_e[q])
                 if gain > 1e-9 and (best is None or gain > best[0]):
                     best = (gain, q, e)
