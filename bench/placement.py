@@ -12,6 +12,12 @@ the LP bound at the same placed volume, the
 unplaced GPUs at 92 % against the optimum's interval, and one incremental change; then
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
+Session 14 (2026-12-06, least of 3 calls; the machine slowed during the run): seed 7
+FAILs on 1,000/92 % (2735 vs 2731) and one/92 % (2682 vs 2674), every time <= 0.86 CPU s;
+seed 11 on 1,000/92 % (1701 vs 1700), one/92 % (2309 vs 2304) and time (1.01-1.08 s in
+three cases); seed 13 on 60/70 % (1434 vs 1430), 1,000/92 % (3414 vs 3410) and time (1.09,
+1.25 s); docs/placement.md "Status (issue 13, session 14 ...)".
+
 Session 13 (2026-12-06, a slower machine): seed 7 FAILs only on the one-per-deployment
 time (1.15 / 1.45 CPU s), seed 11 on that, 60/92 % (1888 vs 1885) and 1,000/92 % (1702 vs
 the bound 1700); docs/placement.md "Status (issue 13, session 13 ...)".
