@@ -74,17 +74,24 @@ def _room_for(plan: Plan, e: int) -> np.ndarray:
     return pools
 
 
+def _room_now(plan: Plan, e: int) -> np.ndarray:
+    """e's admissible pools with room for one more replica of e now; the shape's note is
+    narrowed to them (still a superset until the next removal)."""
+    t = plan.t
+    pools = _room_for(plan, e)
+    if len(pools):
+        room = t.cap[pools] - plan.used[pools] >= plan.size(e)
+        if not room.all():
+            pools = pools[room]
+            plan.room_notes[plan.room_keys[e]] = (plan.removals, pools)
+    return pools
+
+
 def _targets(plan: Plan, e: int, p: int) -> np.ndarray:
     """The pools one replica of e in p may move to now: admissible, with room, not p, not
     spot unless e's spot budget allows."""
     t = plan.t
-    pools = _room_for(plan, e)
-    if not len(pools) or (len(pools) == 1 and pools[0] == p):
-        return pools[:0]  # most victims in a full fleet
-    room = t.cap[pools] - plan.used[pools] >= plan.size(e)
-    if not room.all():  # the note, narrowed to the pools with room now: still a superset
-        pools = pools[room]
-        plan.room_notes[plan.room_keys[e]] = (plan.removals, pools)
+    pools = _room_now(plan, e)
     ok = pools != p
     spot = t.is_spot[pools]
     # leaving spot gives one unit of budget back
@@ -101,9 +108,7 @@ def _may_move(plan: Plan, e: int, p: int) -> bool:
     t = plan.t
     hit = plan.move_notes.get(e)
     if hit is None or hit[0] != plan.removals:
-        pools = _room_for(plan, e)
-        if len(pools):
-            pools = pools[t.cap[pools] - plan.used[pools] >= plan.size(e)]
+        pools = _room_now(plan, e)
         spot = t.is_spot[pools]
         budget = plan.spot_budget(e) if spot.any() else 1
         hit = plan.move_notes[e] = (plan.removals, pools, pools[~spot], budget)
