@@ -57,6 +57,7 @@ async def serve_gateway(
         max_body_bytes=config.max_body_bytes,
         max_headers=config.max_headers,
         max_header_bytes=config.max_header_bytes,
+        server="gateway",
     )
     app = GatewayApp(state, config)
     server = HttpServer(app, limits=limits, fast=app.fast)

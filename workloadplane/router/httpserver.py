@@ -69,6 +69,8 @@ class Limits:
     max_body_bytes: int | None = None
     max_headers: int | None = None
     max_header_bytes: int | None = None
+    server: str = "router"
+    """What the limit messages call this server (its command has the same options)."""
 
 
 class Exchange(Protocol):
@@ -221,8 +223,8 @@ class Connection(asyncio.Protocol):
         limit = self.limits.max_headers
         if limit is not None and self._header_count > limit:
             message = (
-                f"the request has more than {limit} headers, the most this router takes: "
-                "send fewer headers"
+                f"the request has more than {limit} headers, the most this "
+                f"{self.limits.server} takes: send fewer headers"
             )
             self._reject(431, "Request Header Fields Too Large", message, "too_many_headers")
         self._count_head(len(name) + len(value) + 4)
@@ -232,17 +234,18 @@ class Connection(asyncio.Protocol):
         limit = self.limits.max_header_bytes
         if limit is not None and self._header_bytes > limit:
             message = (
-                f"the request line and headers exceed {_size(limit)}, the most this router "
-                "takes: send fewer or shorter headers"
+                f"the request line and headers exceed {_size(limit)}, the most this "
+                f"{self.limits.server} takes: send fewer or shorter headers"
             )
             self._reject(431, "Request Header Fields Too Large", message, "headers_too_large")
 
     def _reject_body(self, size: str) -> None:
         limit = self.limits.max_body_bytes
         assert limit is not None
+        who = self.limits.server
         message = (
-            f"the request body ({size}) exceeds this router's limit of {_size(limit)} "
-            f"({limit} bytes): send a shorter prompt, or raise the router's --max-body-bytes"
+            f"the request body ({size}) exceeds this {who}'s limit of {_size(limit)} "
+            f"({limit} bytes): send a shorter prompt, or raise the {who}'s --max-body-bytes"
         )
         self._reject(413, "Content Too Large", message, "request_too_large")
 

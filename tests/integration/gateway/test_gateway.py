@@ -115,6 +115,14 @@ def test_routes_to_the_nearest_plane_and_says_why(fleet: Fleet):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     bad = httpx.post(f"{fleet.url('g1')}/v1/chat/completions", content=b"{not json")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    # a body over the gateway's limit (16 MiB by default) is refused with the gateway's
+    # own option named, not the router's (the HTTP server is shared)
+    big = chat() | {"messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]}
+    large = httpx.post(f"{fleet.url('g1')}/v1/chat/completions", json=big, timeout=30)
+    assert large.status_code == 413 and large.json()["error"]["code"] == "request_too_large"
+    message = large.json()["error"]["message"]
+    assert "this gateway's limit of 16 MiB" in message, message
+    assert "gateway's --max-body-bytes" in message, message
 
 
 def _failovers(fleet: Fleet) -> float:
