@@ -24,10 +24,11 @@ non-zero on FAIL. About 4 minutes on 2 busy cores; ``--quick`` runs shorter load
 
 (a) also prints a bare Python relay (bench/support/bare_relay.py) to the same plane as
 ``direct``: the floor for a Python front on these cores, not a target. Session 15
-(2026-12-06, a quiet machine where the relay added 0.18 ms vs HAProxy's 0.24-0.35 ms): PASS
-in 4 of 4 runs, gateway 0.27-0.36 ms vs HAProxy 0.24-0.35 ms (0.97-1.12x). On machines where
-the relay itself is 1.3-1.6x HAProxy (sessions 12-14), (a) fails: docs/gateway.md,
-Benchmark. (a) on main,
+(2026-12-06, a machine where the relay added 0.17-0.19 ms, less than HAProxy's 0.23-0.43
+ms): (a) PASSed in 7 of 9 runs (gateway 0.27-0.50 ms, 0.97-1.18x), FAILed once (1.23x), and
+once sat at 1.20x (its verdict was not captured).
+On machines where the relay itself is 1.3-1.6x HAProxy (sessions 12-14), (a) always fails:
+docs/gateway.md, Benchmark. (a) on main,
 2026-12-03 16:30 (nothing else running; the machine slower than in the morning), after
 non-streamed requests moved to the callback path: gateway 0.73 / 0.89 ms vs HAProxy 0.38 /
 0.51 ms (1.93x / 1.74x: FAIL), bare Python relay 0.52 / 0.62 ms (1.37x / 1.22x). Where the rest
