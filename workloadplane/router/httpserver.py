@@ -70,7 +70,8 @@ class Limits:
     max_headers: int | None = None
     max_header_bytes: int | None = None
     server: str = "router"
-    """What the limit messages call this server (its command has the same options)."""
+    """What the limit messages call this server ("router" or "gateway"): the 413 names
+    that command's --max-body-bytes."""
 
 
 class Exchange(Protocol):
