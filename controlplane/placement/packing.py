@@ -223,7 +223,13 @@ def spread_filter(
     if np.isfinite(both).any() or not (need_p and need_r):
         unmet = "min_distinct_providers" if need_p else "min_distinct_regions"
         return both, unmet
-    return np.where(new_p | new_r, cost, INF), "min_distinct_providers"
+    # no pool adds both: one that adds either, if the replicas left after it can still
+    # add the rest (else the rule would trim it again: the last replica of two on one
+    # provider must bring a new provider and a new region at once)
+    left = t.inp.deployments[d].target_replicas - plan.placed(d) - 1
+    miss_p, miss_r = kp - len(provs), kr - len(regs)
+    ok_p, ok_r = left >= max(miss_p - 1, miss_r), left >= max(miss_p, miss_r - 1)
+    return np.where((new_p & ok_p) | (new_r & ok_r), cost, INF), "min_distinct_providers"
 
 
 def _spread_pick(plan: Plan, d: int, cost: np.ndarray, quota: np.ndarray, idx: np.ndarray) -> int:
