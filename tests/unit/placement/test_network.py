@@ -67,6 +67,27 @@ def test_divisibility_cuts_keep_the_gpu_flow_whole():
     assert q.tolist() == [[1], [1], [2]]
 
 
+def test_equally_cheap_pools_are_shared_out_so_that_whole_replicas_fit():
+    # two pools at one price (20 and 24 GPUs) for five 2-GPU, four 4-GPU and two 8-GPU
+    # replicas (42 GPUs): every equally cheap GPU flow costs the same, but cut into whole
+    # replicas per pool some lose one. Without the pool tie-break (network._pool_tie) the
+    # solver's flow left an 8-GPU replica out (34 of 42 GPUs); with it all 42 fit.
+    unit = np.array([1.0, 1.0])
+    pr = problem([[1.0, 1.0]] * 3, sizes=[2, 4, 8], demand=[5, 4, 2], free=[20, 24])
+    q = network.solve(pr, unit, np.array([0, 0]))
+    assert q is not None
+    check_quotas(pr, q)
+    assert q.sum(axis=1).tolist() == [5, 4, 2]
+
+
+def test_the_pool_tie_break_stays_below_a_price_step_and_gives_each_size_its_own_pools():
+    pools = np.arange(1000)
+    ties = [network._pool_tie(pools, np.full(1000, k), 4, 1000) for k in range(4)]
+    assert all(t.min() >= 0 and t.max() < network.POOL_TIE for t in ties)
+    favourite = [int(np.argmin(t)) for t in ties]
+    assert favourite == [0, 250, 500, 750]  # each size starts on its own quarter
+
+
 def test_spot_budget_and_admissibility():
     unit = np.array([0.5, 2.0, 1.0])
     pr = problem(
