@@ -2,8 +2,9 @@
 
 Above MAX_CLASSES classes the class x pool LP through HiGHS's general simplex takes
 seconds. Without the whole-replica coupling of a pool's replica sizes the problem is a
-network, solved exactly in integers (costs in 1e-4 $/GPU-hour) by LEMON's network
-simplex. Flow in GPUs:
+network, solved exactly in integers (costs in 1e-4 $/GPU-hour, each step split in
+POOL_TIE for a tie-break among equally cheap pools) by LEMON's network simplex. Flow in
+GPUs:
 
   class c (supply size_c * demand_c)
     -> [its spot node: size_c * spot budget]      (on the way to spot pools only)
@@ -32,7 +33,9 @@ flow is cut into whole replicas per pool (floor; one more where the pool still h
 room), and these replica slots go to the hub's classes by their flow (floor, then the
 largest remainders while a class has demand and spot budget left), cheapest pools first.
 Only a pool's mix of sizes loses GPUs to rounding, at most size - 1 per (pool, size);
-the fill, the second pass and repair place that.
+the fill, the second pass and repair place that. So that fewer pools mix sizes, each
+replica size prefers its own stretch of the pool numbering among equally cheap pools
+(`_pool_tie`, session 16).
 The spread nodes assume a region lies within one provider (as region names do here).
 
 Smaller network, same optimum: a spread node whose cap cannot bind is left out (a cap of
