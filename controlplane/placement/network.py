@@ -84,7 +84,7 @@ def _pool_tie(pool: np.ndarray, size_rank: np.ndarray, n_sizes: int, n_pools: in
     sizes loses GPUs when the flow is cut into whole replicas. Without it, 48 fleets
     (seeds 1-5, 7, 11, 13; 300, 1,000 and one shape per deployment; 70 and 92 %) left 52
     GPUs more unplaced, 9 cases above the LP bound that this puts on it and 1 the other
-    way round (docs/placement.md, session 16); it costs the solver ~30-60 % more pivots.
+    way round (docs/placement.md, session 16); the solver takes ~30-60 % longer with it.
     Each GPU's path crosses one such arc, so the tie moves the optimum's cost by less
     than 1e-4 $/GPU-hour per GPU."""
     start = (size_rank * n_pools) // max(n_sizes, 1)
