@@ -13,9 +13,10 @@ unplaced GPUs at 92 % against the optimum's interval, and one incremental change
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
 Session 16 (2026-12-06, a machine ~1.7-2.4x slower than session 15's: its naive greedy
-took 0.12-0.26 s against 0.08-0.10 s): seed 7 FAILs on time in 4 cases (1.06-1.16 CPU s:
-60/92 %, 1,000/92 %, one/70 %, one/92 %), 1,000/92 % (2735 vs the bound 2731; the 15 s MIP
-found no placement) and one/92 % (2682 vs 2674); docs/placement.md "Status (issue 13,
+took 0.12-0.35 s against 0.08-0.10 s): after the pool tie-break in the flow, every unplaced
+figure of seed 7 is on its bound (1,000/92 % 2731, one/92 % 2674; before: 2735, 2682) and
+every cost within +0.40 %; FAIL on time only, in 3 cases (300/92 % 1.02, one/70 % 1.16,
+one/92 % 1.84 CPU s while the machine slowed ~1.75x); docs/placement.md "Status (issue 13,
 session 16 ...)".
 
 Session 14 (2026-12-06, least of 3 calls; the machine slowed during the run): seed 7
