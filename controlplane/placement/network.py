@@ -87,9 +87,8 @@ def _pool_tie(pool: np.ndarray, size_rank: np.ndarray, n_sizes: int, n_pools: in
     way round (docs/placement.md, session 16); the solver takes ~30-60 % longer with it.
     Each GPU's path crosses one such arc, so the tie moves the optimum's cost by less
     than 1e-4 $/GPU-hour per GPU."""
-    start = (size_rank * n_pools) // max(n_sizes, 1)
-    shifted = (pool + n_pools - start) % max(n_pools, 1)
-    return (shifted * (POOL_TIE - 1)) // max(n_pools, 1)
+    start = (size_rank * n_pools) // n_sizes
+    return ((pool + n_pools - start) % n_pools * (POOL_TIE - 1)) // n_pools
 
 
 def pool_groups(
