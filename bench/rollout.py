@@ -205,13 +205,13 @@ def main() -> int:
         and ratio <= TARGET_RATIO
     )
     return finish(
-        f"rollout: bad canary rolled back in {bad.decided_s:.1f} s ({bad.errors_before} user "
-        f"errors, {bad.errors_after} after), good canary promoted in {good.decided_s:.1f} s "
-        f"({good.errors_before + good.errors_after} errors), blue-green in {bg.decided_s:.1f} s "
-        f"({bg.errors_before + bg.errors_after} errors); canary extra GPU-h "
-        f"{good.extra_gpu_s / 3600:.4f} vs blue-green {bg.extra_gpu_s / 3600:.4f} "
-        f"({ratio:.2f}x) — target 0 errors (bad: 0 after its rollback), canary ≤ "
-        f"{TARGET_RATIO}x blue-green's extra GPU-h:",
+        f"rollout: bad canary {bad.phase} in {bad.decided_s:.1f} s ({bad.errors_before} user "
+        f"errors, {bad.errors_after} after), good canary {good.phase} in {good.decided_s:.1f} s "
+        f"({good.errors_before + good.errors_after} errors), good blue-green {bg.phase} in "
+        f"{bg.decided_s:.1f} s ({bg.errors_before + bg.errors_after} errors); canary extra "
+        f"GPU-h {good.extra_gpu_s / 3600:.4f} vs blue-green {bg.extra_gpu_s / 3600:.4f} "
+        f"({ratio:.2f}x) — target the bad one rolled back, the good ones promoted, 0 errors "
+        f"(bad: 0 after its rollback), canary ≤ {TARGET_RATIO}x blue-green's extra GPU-h:",
         ok,
     )
 

@@ -99,6 +99,10 @@ class Window:
     errors: int
     p99_ttft_s: float
     p99_e2e_s: float
+    ttft_buckets: tuple[int, ...] = ()
+    """The summed latency buckets the p99s come from (``LATENCY_BUCKETS_S``); empty for a
+    window stored as JSON (blue-green's baseline) or built by hand."""
+    e2e_buckets: tuple[int, ...] = ()
 
     @property
     def error_rate(self) -> float:
@@ -147,12 +151,49 @@ def window_of(deltas: Sequence[OutcomeCounters]) -> Window:
         width = max((len(x) for x in lists), default=0)
         return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
 
+    ttft, e2e = added([d.ttft_buckets for d in deltas]), added([d.e2e_buckets for d in deltas])
     return Window(
         requests=sum(d.requests for d in deltas),
         errors=sum(d.errors for d in deltas),
-        p99_ttft_s=quantile_of(added([d.ttft_buckets for d in deltas]), 0.99),
-        p99_e2e_s=quantile_of(added([d.e2e_buckets for d in deltas]), 0.99),
+        p99_ttft_s=quantile_of(ttft, 0.99),
+        p99_e2e_s=quantile_of(e2e, 0.99),
+        ttft_buckets=tuple(ttft),
+        e2e_buckets=tuple(e2e),
     )
+
+
+TAIL = 0.01
+"""The share of requests a p99 leaves above it."""
+FALSE_ROLLBACK = 0.001
+"""The most a latency gate may fail a revision whose p99 is exactly at its bound, by chance."""
+
+
+def slower_than(buckets: Sequence[int], bound_s: float) -> int:
+    """Requests certainly slower than ``bound_s``: those in buckets whose lower edge is at or
+    above it (a bucket holds the latencies above the previous bound up to its own)."""
+    lows = (0.0, *LATENCY_BUCKETS_S)
+    return sum(n for i, n in enumerate(buckets) if i < len(lows) and lows[i] >= bound_s)
+
+
+def beyond_chance(slow: int, n: int, tail: float = TAIL) -> bool:
+    """Whether ``slow`` of ``n`` requests over a bound that at most ``tail`` of them cross
+    (on average) is more than chance explains: P(Binomial(n, tail) >= slow) <
+    FALSE_ROLLBACK. Under it a small sample's p99, which is its slowest request or two,
+    does not decide: 1 slow request of 30 is chance, 4 are not; of 1,000, 22 are not."""
+    if slow <= n * tail or n <= 0:
+        return False
+    log_p, log_q = math.log(tail), math.log1p(-tail)
+    top = math.lgamma(n + 1)
+    total = 0.0
+    for i in range(slow, n + 1):  # the upper tail; its terms fall from the first on
+        term = math.exp(top - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p
+                        + (n - i) * log_q)  # fmt: skip
+        total += term
+        if total >= FALSE_ROLLBACK:
+            return False
+        if term < 1e-18:
+            break
+    return True
 
 
 @dataclass(frozen=True)
@@ -181,12 +222,25 @@ def judge(new: Window, stable: Window, gates: Gates) -> Verdict:
         return Verdict(None, f"waiting for {gates.min_requests} requests on each revision "
                        f"({new.requests} new, {stable.requests} stable: {missing} "
                        f"missing)")  # fmt: skip
-    for name, mine, theirs, ratio in (
-        ("p99 TTFT", new.p99_ttft_s, stable.p99_ttft_s, gates.max_p99_ttft_ratio),
-        ("p99 end-to-end", new.p99_e2e_s, stable.p99_e2e_s, gates.max_p99_e2e_ratio),
-    ):
-        if theirs > 0 and mine > theirs * ratio:
-            return Verdict(False, f"{name} {mine:.3f}s > {ratio:g} x stable {theirs:.3f}s")
+    for name, mine, theirs, ratio, buckets in (
+        ("p99 TTFT", new.p99_ttft_s, stable.p99_ttft_s, gates.max_p99_ttft_ratio,
+         new.ttft_buckets),
+        ("p99 end-to-end", new.p99_e2e_s, stable.p99_e2e_s, gates.max_p99_e2e_ratio,
+         new.e2e_buckets),
+    ):  # fmt: skip
+        if theirs <= 0 or mine <= theirs * ratio:
+            continue
+        failed = f"{name} {mine:.3f}s > {ratio:g} x stable {theirs:.3f}s"
+        if not buckets:  # no counts to weigh: the p99s as they are
+            return Verdict(False, failed)
+        # a p99 over the bound means more than 1 % of the requests over it: fail when
+        # the requests certainly over it are more than chance explains, not on the one
+        # or two slowest of a small sample that a bucket edge put on the wrong side
+        bound, n = theirs * ratio, sum(buckets)
+        slow = slower_than(buckets, bound)
+        if beyond_chance(slow, n):
+            return Verdict(False, f"{failed}: {slow} of {n} requests over {bound:.3f}s, more "
+                           f"than a {TAIL:.0%} tail explains")  # fmt: skip
     return Verdict(True, "every gate passed")
 
 

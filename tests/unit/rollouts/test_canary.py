@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from controlplane import rollouts as ro
+from controlplane.contracts import OutcomeCounters
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 POLICY = ro.CanaryPolicy(steps=(0.05, 0.25, 0.5, 1.0), hold_s=300)
@@ -59,6 +60,46 @@ def test_a_slow_revision_fails_the_latency_gate_once_the_sample_is_big_enough():
     assert waiting.phase is ro.Phase.HOLDING and "waiting for 100 requests" in waiting.reason
     r = ro.decide(holding, POLICY, at(400), 1, 20, slow, STABLE)
     assert r.phase is ro.Phase.ROLLED_BACK and "p99 TTFT 0.700s > 1.5 x stable" in r.reason
+
+
+def _measured(fast: int, slow: int, slow_s: float) -> ro.Window:
+    """A window from buckets: `fast` requests at 25 ms, `slow` ones at `slow_s`."""
+    from controlplane.contracts import LATENCY_BUCKETS_S
+
+    ttft = [0] * (len(LATENCY_BUCKETS_S) + 1)
+    ttft[0] += fast
+    ttft[LATENCY_BUCKETS_S.index(slow_s)] += slow
+    e2e = [fast + slow] + [0] * len(LATENCY_BUCKETS_S)
+    counters = OutcomeCounters(since="s", requests=fast + slow, errors=0, ttft_buckets=ttft,
+                               e2e_buckets=e2e)  # fmt: skip
+    return ro.window_of([counters])
+
+
+def test_one_slow_request_of_a_small_sample_does_not_fail_the_latency_gate():
+    """Found by bench/rollout.py: a good blue-green revision rolled back on "p99 TTFT
+    0.050s > 1.5 x stable 0.025s" with 20-odd requests: the p99 of a small sample is its
+    slowest request, and one request over a bucket edge doubled the bucketed p99."""
+    stable = _measured(400, 0, 0.025)
+    gates = ro.Gates(min_requests=20)
+    one_slow = _measured(29, 1, 0.05)
+    assert one_slow.p99_ttft_s == 0.05  # twice the stable p99 on the bucket grid ...
+    assert ro.judge(one_slow, stable, gates).passed is True  # ... but not beyond chance
+    # a revision really slower fails: 5 of 30 over 4x the stable p99
+    slow = _measured(25, 5, 0.1)
+    verdict = ro.judge(slow, stable, gates)
+    assert verdict.passed is False
+    assert "p99 TTFT 0.100s > 1.5 x stable 0.025s: 5 of 30 requests over 0.038s" in verdict.reason
+
+
+def test_the_latency_gate_weighs_the_slow_share_against_a_one_percent_tail():
+    stable = _measured(1000, 0, 0.025)
+    # 1.2 % slow over 1,000 requests: a p99 over the bound, within what chance gives
+    assert ro.judge(_measured(988, 12, 0.1), stable, ro.Gates()).passed is True
+    # 3 % slow: more than a 1 % tail explains
+    assert ro.judge(_measured(970, 30, 0.1), stable, ro.Gates()).passed is False
+    assert ro.beyond_chance(4, 30) and not ro.beyond_chance(3, 30)
+    assert ro.beyond_chance(22, 1000) and not ro.beyond_chance(21, 1000)
+    assert not ro.beyond_chance(0, 0)
 
 
 def test_errors_certain_to_fail_the_gate_roll_back_before_the_minimum_sample():
