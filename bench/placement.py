@@ -12,6 +12,12 @@ the LP bound at the same placed volume, the
 unplaced GPUs at 92 % against the optimum's interval, and one incremental change; then
 ONE headline line, PASS only when every family meets every target. Exits 1 on FAIL.
 
+Session 17 (2026-12-06, a fast machine: naive greedy 0.057-0.104 s; code unchanged): seed 7
+PASS (worst 0.75 CPU s, every unplaced figure on its bound, cost <= +0.40 %); seed 11 FAILs
+on one/92 % only (2305 vs the LP bound 2304, optimum unknown), seed 13 on 60/70 % only (1434
+vs the MIP's 1430: the class LP ranks every class alike when each holds a top-priority
+member); docs/placement.md "Status (issue 13, session 17 ...)".
+
 Session 16 (2026-12-06, a machine ~1.7-2.4x slower than session 15's: its naive greedy
 took 0.12-0.35 s against 0.08-0.10 s): after the pool tie-break in the flow, every unplaced
 figure of seed 7 is on its bound (1,000/92 % 2731, one/92 % 2674; before: 2735, 2682) and
