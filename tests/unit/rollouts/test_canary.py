@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from controlplane import rollouts as ro
-from controlplane.contracts import OutcomeCounters
+from controlplane.contracts import LATENCY_BUCKETS_S, OutcomeCounters
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 POLICY = ro.CanaryPolicy(steps=(0.05, 0.25, 0.5, 1.0), hold_s=300)
@@ -63,9 +63,8 @@ def test_a_slow_revision_fails_the_latency_gate_once_the_sample_is_big_enough():
 
 
 def _measured(fast: int, slow: int, slow_s: float) -> ro.Window:
-    """A window from buckets: `fast` requests at 25 ms, `slow` ones at `slow_s`."""
-    from controlplane.contracts import LATENCY_BUCKETS_S
-
+    """A window from buckets: `fast` requests within 25 ms, `slow` ones in the bucket up
+    to `slow_s`."""
     ttft = [0] * (len(LATENCY_BUCKETS_S) + 1)
     ttft[0] += fast
     ttft[LATENCY_BUCKETS_S.index(slow_s)] += slow
@@ -77,7 +76,7 @@ def _measured(fast: int, slow: int, slow_s: float) -> ro.Window:
 
 def test_one_slow_request_of_a_small_sample_does_not_fail_the_latency_gate():
     """Found by bench/rollout.py: a good blue-green revision rolled back on "p99 TTFT
-    0.050s > 1.5 x stable 0.025s" with 20-odd requests: the p99 of a small sample is its
+    0.050s > 1.5 x stable 0.025s" with ~30 requests: the p99 of a small sample is its
     slowest request, and one request over a bucket edge doubled the bucketed p99."""
     stable = _measured(400, 0, 0.025)
     gates = ro.Gates(min_requests=20)
@@ -130,8 +129,6 @@ def test_the_replicas_split_between_revisions_without_doubling():
 
 
 def test_windows_come_from_the_difference_of_two_router_reports_summed_over_planes():
-    from controlplane.contracts import LATENCY_BUCKETS_S, OutcomeCounters
-
     width = len(LATENCY_BUCKETS_S) + 1
     at_100ms, at_1s, rest = LATENCY_BUCKETS_S.index(0.1), LATENCY_BUCKETS_S.index(1.0), width - 1
 
