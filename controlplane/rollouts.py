@@ -171,8 +171,8 @@ FALSE_ROLLBACK = 0.001
 def slower_than(buckets: Sequence[int], bound_s: float) -> int:
     """Requests certainly slower than ``bound_s``: those in buckets whose lower edge is at or
     above it (a bucket holds the latencies above the previous bound up to its own)."""
-    lows = (0.0, *LATENCY_BUCKETS_S)
-    return sum(n for i, n in enumerate(buckets) if i < len(lows) and lows[i] >= bound_s)
+    lows = (0.0, *LATENCY_BUCKETS_S)  # a report may carry fewer buckets than there are
+    return sum(n for low, n in zip(lows, buckets, strict=False) if low >= bound_s)
 
 
 def beyond_chance(slow: int, n: int, tail: float = TAIL) -> bool:
