@@ -664,7 +664,19 @@ def decode_report(data: bytes) -> ObservedState | Fact:
 
 
 def decode_desired(data: bytes) -> DesiredState:
-    """Parse a DesiredState snapshot, or raise RejectedMessageError."""
+    """Parse a DesiredState snapshot, or raise RejectedMessageError.
+
+    A well-formed snapshot of this schema version is validated straight from its bytes
+    (pydantic's JSON parser: half the time of ``json.loads`` and then validating the dict,
+    on the desired → applied path); anything else takes the slow path, which names the
+    problem."""
+    try:
+        state = DesiredState.model_validate_json(data)
+    except ValidationError:
+        pass
+    else:
+        if state.schema_version == SCHEMA_VERSION:
+            return state
     raw = _check_version(data)
     try:
         return DesiredState.model_validate(raw)

@@ -152,16 +152,15 @@ class DesiredPublisher:
 
     async def publish(self, state: DesiredState) -> PublishResult:
         """Raises `DesiredStateTooLarge` (writing nothing) if the snapshot cannot be sent."""
-        size = len(encode(state))
+        payload = encode(state)
+        size = len(payload)
         if self._max_payload is not None and size + HEADER_ROOM > self._max_payload:
             TOO_LARGE.labels(cluster=state.cluster).inc()
             raise DesiredStateTooLarge(state, size, self._max_payload)
         known = self._last.get(state.cluster)
         if known is not None and known[0] < state.version:
             try:
-                revision = await self._kv.update(
-                    desired_key(state.cluster), encode(state), last=known[1]
-                )
+                revision = await self._kv.update(desired_key(state.cluster), payload, last=known[1])
             except KeyWrongLastSequenceError:
                 pass  # someone else wrote: compare against what is stored now
             else:
