@@ -145,6 +145,9 @@ def parse_documents(text: str, filename: str) -> list[Document]:
             docs.extend(_expand(data, f"{filename}:{line}"))
     except yaml.YAMLError as exc:
         raise CliError(_yaml_error(exc, filename), exit_code=2) from exc
+    except RecursionError:  # PyYAML composes and constructs nested nodes recursively
+        message = f"{filename}: not valid YAML: nested too deeply; flatten the structure"
+        raise CliError(message, exit_code=2) from None
     finally:
         loader.dispose()  # pyright: ignore[reportAttributeAccessIssue]
     return docs

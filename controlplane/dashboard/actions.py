@@ -5,7 +5,6 @@ stream. Every write checks the session's CSRF value and the role (session.check_
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.context import actor_of, read_scope, session_scope
 from controlplane.api.placement import Preview, engine_changes
+from controlplane.contracts import loads
 from controlplane.dashboard.session import (
     check_write,
     end_session,
@@ -209,7 +209,7 @@ def actions_router() -> APIRouter:
         principal = signed_in(request)
         check_write(request, principal, Role.viewer, request.headers.get("x-csrf-token"))
         try:
-            asked = json.loads(await request.body())
+            asked = loads(await request.body())
         except ValueError:
             raise BadRequest("send a JSON object: cluster, model, prompt, max_tokens") from None
         if not isinstance(asked, dict):

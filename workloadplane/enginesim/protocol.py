@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controlplane.contracts import loads
 from workloadplane.enginesim.engine import continued, count_tokens, split_continuation
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -262,9 +263,11 @@ class EmbeddingRequest(BaseModel):
 def parse(model: type[_M], raw: bytes) -> _M:
     """Parse a JSON body into ``model`` or raise an ApiError that says what to fix."""
     try:
-        data = json.loads(raw or b"null")
+        data = loads(raw or b"null")
     except json.JSONDecodeError as exc:
         raise _invalid("body", f"JSON decode error: {exc.msg} at char {exc.pos}") from exc
+    except ValueError as exc:  # not UTF-8, or nested too deeply
+        raise _invalid("body", f"JSON decode error: {exc}") from exc
     if not isinstance(data, dict):
         raise _invalid("body", "Input should be a JSON object")
     try:

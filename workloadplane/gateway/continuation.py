@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.contracts import loads
+
 DONE = b"data: [DONE]"
 MAX_EVENT_BYTES = 1024 * 1024
 """What the tracker buffers of one SSE event; a bigger one is relayed untracked."""
@@ -137,7 +139,7 @@ class StreamTracker:
         if not line.startswith(b"data:"):
             return raw
         try:
-            event = json.loads(line[5:])
+            event = loads(line[5:])
         except ValueError:
             return raw
         if not isinstance(event, dict):

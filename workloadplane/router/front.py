@@ -6,7 +6,6 @@ the small ASGI helpers. HTTP only; what to send where is the caller's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -14,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.contracts import loads
 from gpufleet_logging import clean_request_id
 from workloadplane.router import errors
 from workloadplane.router.upstream import Response, UpstreamError
@@ -118,8 +118,8 @@ class BadRequest(Exception):
 def parse_payload(body: bytes) -> tuple[dict[str, Any], str]:
     """The JSON object and its ``model``, or ``BadRequest``."""
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        payload = loads(body)
+    except ValueError as exc:  # UnicodeDecodeError and too deep nesting included
         message = f"the body is not valid JSON ({exc}): send a JSON object with at least 'model'"
         raise BadRequest(message, "invalid_json") from exc
     model = payload.get("model") if isinstance(payload, dict) else None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
+from controlplane.contracts import loads
 from workloadplane.router.core import Backend, Router
 from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.upstream import UpstreamError
@@ -55,7 +55,7 @@ class Prober:
         replica's next health probe."""
         with contextlib.suppress(UpstreamError, TimeoutError, ValueError, KeyError, TypeError):
             resp = await backend.pool.request("GET", "/v1/models", head_timeout=2.0)
-            data = json.loads(await asyncio.wait_for(resp.read(), 2.0))
+            data = loads(await asyncio.wait_for(resp.read(), 2.0))
             resp.release()
             self.router.set_models(backend, frozenset(m["id"] for m in data["data"]))
 

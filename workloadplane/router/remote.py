@@ -17,12 +17,11 @@ nothing flows through a router that does not answer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 
-from controlplane.contracts import OutcomeCounters, TokenCounters
+from controlplane.contracts import OutcomeCounters, TokenCounters, loads
 from workloadplane.router.core import Clock, Router, RouterConfig
 from workloadplane.router.upstream import UpstreamError, UpstreamPool
 
@@ -116,7 +115,7 @@ class RemoteRouter(Router):
         resp.release()
         if resp.status != 200:
             raise ValueError(f"/internal/load answered {resp.status}")
-        self.apply_report(json.loads(body), self.clock())
+        self.apply_report(loads(body), self.clock())
 
     async def follow(self) -> None:
         """Poll every ``interval_s`` until cancelled; an unreachable router is logged once."""

@@ -59,6 +59,8 @@ def test_writes_need_the_csrf_value_the_role_and_sane_fields(app_client, tokens)
     assert foreign.status_code == 403
     headers = {"X-CSRF-Token": csrf}
     assert client.post("/playground/stream", content=b"{", headers=headers).status_code == 400
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert client.post("/playground/stream", content=deep, headers=headers).status_code == 400
     far = client.post("/playground/stream", json={"cluster": "nowhere"}, headers=headers)
     assert far.status_code == 400 and "no router or gateway known" in far.text
     verb = client.post("/tokens/admin-token/explode", data={"csrf": csrf})

@@ -165,15 +165,21 @@ async def test_queue_full_gives_429_with_retry_after(tmp_path):
         assert r.json()["error"]["code"] == "queue_full"
 
 
+# a body nested past the JSON parser's recursion limit (it was a 500 with a traceback)
+DEEP_BODY = b'{"model": "chat", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+
+
 async def test_error_shapes(sim_plane: Plane):
     await sim_plane.apply(make_sim_deployment(replicas=1), make_sim_deployment("none", 0, max_=0))
     async with httpx.AsyncClient(timeout=10) as client:
         bad = await client.post(f"{sim_plane.url}/v1/chat/completions", content=b"{nope")
+        deep = await client.post(f"{sim_plane.url}/v1/chat/completions", content=DEEP_BODY)
         unknown = await client.post(f"{sim_plane.url}/v1/chat/completions",
                                     json={**chat(), "model": "gpt-9"})  # fmt: skip
         nothing = await client.post(f"{sim_plane.url}/v1/chat/completions",
                                     json={**chat(), "model": "none"})  # fmt: skip
-    for r, status, code in [(bad, 400, "invalid_json"), (unknown, 404, "model_not_found"),
+    for r, status, code in [(bad, 400, "invalid_json"), (deep, 400, "invalid_json"),
+                            (unknown, 404, "model_not_found"),
                             (nothing, 503, "no_capacity")]:  # fmt: skip
         assert r.status_code == status
         error = json.loads(r.content)["error"]

@@ -115,6 +115,10 @@ def test_routes_to_the_nearest_plane_and_says_why(fleet: Fleet):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     bad = httpx.post(f"{fleet.url('g1')}/v1/chat/completions", content=b"{not json")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    deep = b'{"model": "chat", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    nested = httpx.post(f"{fleet.url('g1')}/v1/chat/completions", content=deep)
+    assert nested.status_code == 400 and nested.json()["error"]["code"] == "invalid_json"
+    assert "nested too deeply" in nested.json()["error"]["message"]
     # a body over the gateway's limit (16 MiB by default) is refused with the gateway's
     # own option named, not the router's (the HTTP server is shared)
     big = chat() | {"messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]}
@@ -293,7 +297,14 @@ def test_forged_and_malformed_messages_are_rejected_and_counted(fleet: Fleet):
                        deployments=[DeploymentLoad(name="chat", in_flight=999)])  # fmt: skip
     fleet.publish(plane_load_subject("a"), encode(forged))  # a claims to be b
     fleet.put_table(raw=b"{not a table")
+    # nested past the JSON parser's recursion limit (a RecursionError escaped before)
+    fleet.publish(plane_load_subject("a"), b"[" * 100_000 + b"]" * 100_000)
     wait_until(lambda: 'reason="forged"' in fleet.metrics("g1"), 5, "the forged report counted")
+    wait_until(
+        lambda: 'kind="plane_load",reason="malformed"' in fleet.metrics("g1"),
+        5,
+        "the over-deep report counted",
+    )
     text = fleet.metrics("g1")
     assert 'kind="routing_table",reason="malformed"' in text
     assert post(fleet).status_code == 200  # still routing from the last good table

@@ -112,6 +112,22 @@ def test_bad_messages_are_rejected_with_a_reason(data: bytes, reason: str):
     assert err.value.reason == reason
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000  # well inside NATS's 1 MB, far past json's recursion
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [c.decode_report, c.decode_desired, c.decode_routing_table, c.decode_plane_load],
+)
+def test_json_nested_too_deeply_is_rejected_not_a_crash(decode):
+    """A forged message nested past the JSON parser's recursion limit is rejected like any
+    malformed one (a RecursionError would escape every caller's handler)."""
+    with pytest.raises(c.RejectedMessageError) as err:
+        decode(DEEP)
+    assert err.value.reason == "malformed"
+    assert "nested too deeply" in str(err.value)
+
+
 def test_every_message_round_trips():
     replica = c.ReplicaStatus(replica_id="r1", deployment="chat", revision="r1", state="ready")
     samples = [

@@ -226,6 +226,17 @@ def test_a_key_given_twice_is_refused_naming_the_key_and_its_line(text, line, ke
     assert f"duplicate key '{key}'" in refused.value.message
 
 
+@pytest.mark.parametrize("nested", ["[" * 5000 + "]" * 5000, "{a: " * 5000 + "1" + "}" * 5000])
+def test_yaml_nested_too_deeply_is_refused_not_a_traceback(nested):
+    with pytest.raises(CliError) as refused:
+        parse_documents(f"kind: Pool\nname: a\nlabels: {nested}\n", "fleet.yaml")
+    assert refused.value.exit_code == 2
+    assert (
+        refused.value.message
+        == "fleet.yaml: not valid YAML: nested too deeply; flatten the structure"
+    )
+
+
 def test_the_same_key_in_sibling_mappings_and_merged_anchors_is_fine():
     text = "kind: List\nitems:\n  - {kind: GpuType, name: a, memory_gib: 8}\n  - {kind: GpuType, name: b, memory_gib: 8}\n"
     assert [m.name for m in load_manifests(text, "f.yaml")] == ["a", "b"]

@@ -105,3 +105,16 @@ async def test_openai_sdk_raises_bad_request_for_a_negative_temperature(sim: Sim
         await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], temperature=-3
         )
+
+
+@pytest.mark.parametrize("route", [*sorted(ROUTES), "/v1/embeddings"])
+async def test_a_body_nested_too_deeply_gets_a_400_not_a_500(sim: Simulator, route: str) -> None:
+    """Past the JSON parser's recursion limit the simulator answers as for any undecodable
+    body (it was a 500)."""
+    deep = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with client_for(sim) as http:
+        response = await http.post(route, content=deep)
+    assert response.status_code == 400
+    error = response.json()["error"]  # vLLM's shape for an undecodable body
+    assert (error["type"], error["param"]) == ("Bad Request", "body")
+    assert "JSON decode error: nested too deeply" in error["message"]
