@@ -44,7 +44,10 @@ class ApiError(Exception):
                 "code": self.status,
             }
         }
-        return JSONResponse(body, status_code=self.status)
+        try:
+            return JSONResponse(body, status_code=self.status)
+        except UnicodeEncodeError as exc:  # a lone surrogate echoed (a model name): as vLLM
+            return ApiError(str(exc)).response()
 
 
 class StreamOptions(BaseModel):
@@ -270,12 +273,30 @@ def parse(model: type[_M], raw: bytes) -> _M:
         raise _invalid("body", f"JSON decode error: {exc}") from exc
     if not isinstance(data, dict):
         raise _invalid("body", "Input should be a JSON object")
+    if not _encodable({k: v for k, v in data.items() if k != "model"}):
+        raise ApiError(TEXT_ENCODE_INPUT)  # vLLM's tokenizer refuses a lone surrogate (\ud800)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(["body", *(str(x) for x in first["loc"])])
         raise _invalid(where, first["msg"], len(exc.errors())) from exc
+
+
+TEXT_ENCODE_INPUT = (
+    "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]"
+)
+"""vLLM 0.32's 400 for text it cannot encode (its tokenizer's message), param null."""
+
+
+def _encodable(data: object) -> bool:
+    """Every string in ``data`` is valid Unicode (no lone surrogate, which JSON's
+    ``\ud800`` escapes can carry and UTF-8 cannot)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _invalid(where: str, message: str, count: int = 1) -> ApiError:

@@ -118,3 +118,45 @@ async def test_a_body_nested_too_deeply_gets_a_400_not_a_500(sim: Simulator, rou
     error = response.json()["error"]  # vLLM's shape for an undecodable body
     assert (error["type"], error["param"]) == ("Bad Request", "body")
     assert "JSON decode error: nested too deeply" in error["message"]
+
+
+# What vLLM 0.32 (CPU) answered to a lone surrogate (JSON "\ud800"), measured 2026-12-07;
+# the simulator answered 500 (UTF-8 cannot encode it).
+SURROGATE_TEXT = [
+    ("/v1/completions", b'{"model": "tiny", "prompt": "\\ud800", "max_tokens": 2}'),
+    (
+        "/v1/chat/completions",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}',
+    ),
+    ("/v1/embeddings", b'{"model": "tiny", "input": "\\ud800"}'),
+]
+
+
+@pytest.mark.parametrize(("route", "body"), SURROGATE_TEXT)
+async def test_a_lone_surrogate_in_the_text_gets_vllms_400(
+    sim: Simulator, route: str, body: bytes
+) -> None:
+    async with client_for(sim) as http:
+        response = await http.post(route, content=body)
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "TextEncodeInput must be Union[TextInputSequence, "
+        "Tuple[InputSequence, InputSequence]]",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+
+
+async def test_a_lone_surrogate_in_the_model_name_gets_vllms_400(sim: Simulator) -> None:
+    body = b'{"model": "\\ud800", "prompt": "hi", "max_tokens": 2}'
+    async with client_for(sim) as http:
+        response = await http.post("/v1/completions", content=body)
+        served = await http.post(
+            "/v1/completions", content=b'{"model": "tiny", "prompt": "a\\u0000b", "max_tokens": 2}'
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        "'utf-8' codec can't encode character '\\ud800' in position 32: surrogates not allowed"
+    )
+    assert served.status_code == 200  # a NUL is valid text: vLLM serves it
