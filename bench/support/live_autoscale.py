@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import math
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -170,8 +171,15 @@ async def measure_step(tmp: Path, window: float, delay: float, steady_s: float) 
         reader.cancel()
     finally:
         stop.set()
-        proc.terminate()
-        await proc.wait()
+        # SIGINT, not SIGTERM: asyncio.run cancels the agent, whose `finally` stops its
+        # engine-sim replicas (SIGTERM killed it at once and left them running)
+        proc.send_signal(signal.SIGINT)
+        try:
+            async with asyncio.timeout(30):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
     before = tuple(f"{e['time']} {e['from']}->{e['to']}: {e['reason']}" for e in events
                    if datetime.fromisoformat(e["time"]) < step_at)  # fmt: skip
     failed = sum(1 for c in codes if c != 200)
