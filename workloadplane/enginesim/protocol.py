@@ -6,10 +6,17 @@ import json
 import math
 import time
 import uuid
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from controlplane.contracts import loads
 from workloadplane.enginesim.engine import continued, count_tokens, split_continuation
@@ -51,6 +58,7 @@ class ApiError(Exception):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # so that any key makes it "set" (vLLM: truthy)
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -62,7 +70,22 @@ def invalid_param(message: str, parameter: str | None = None, value: object = No
     return ApiError(f"{message} ({', '.join(named)})" if named else message, param=parameter)
 
 
+INT64 = 2**63
+MAX_LOGPROBS = 20
+"""vLLM's default ``--max-logprobs``."""
+VOCABULARY = 32_000
+"""What ``-1`` (every token) means for logprobs here: a Llama-sized vocabulary."""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+
+
 class _Request(BaseModel):
+    """The fields vLLM 0.32's request models type, typed alike (a value of the wrong type
+    is its 400); the others are accepted and ignored, as there."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -70,6 +93,18 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     n: int = 1
+    seed: int | None = Field(default=None, ge=-INT64, le=INT64 - 1)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    echo: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    use_beam_search: bool = False
+    priority: int = 0
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64 - 1)
+    prompt_logprobs: Any = None  # checked by hand, as vLLM does
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     # Sampling parameters: engine-sim ignores their effect but checks them as vLLM does.
@@ -82,9 +117,20 @@ class _Request(BaseModel):
     repetition_penalty: float | None = None
     min_tokens: int = 0
 
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _null_stream_is_unstreamed(cls, value: object) -> object:
+        return False if value is None else value  # vLLM: `stream: bool | None = False`
+
     def check(self, max_model_len: int) -> None:
         """vLLM's semantic checks, with its messages."""
-        if self.stream_options is not None and not self.stream:
+        self.check_extras(max_model_len)
+        # vLLM tests the dict's truth: an empty `stream_options` passes unstreamed
+        if (
+            self.stream_options is not None
+            and (self.stream_options.model_fields_set or self.stream_options.model_extra)
+            and not self.stream
+        ):
             raise ApiError(
                 "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
                 param="stream_options",
@@ -99,6 +145,29 @@ class _Request(BaseModel):
         self.check_sampling(wanted)
         if self.n != 1:
             raise ApiError("engine-sim generates one choice per prompt; set n to 1", param="n")
+
+    def check_extras(self, max_model_len: int) -> None:
+        """vLLM's checks of the fields it types but engine-sim does not act on."""
+        _check_logprobs("prompt_logprobs", "prompt", self.prompt_logprobs, bool(self.stream))
+        if self.logit_bias:
+            bad = [k for k in self.logit_bias if not _is_int(k)]
+            if bad:
+                raise invalid_param(
+                    "logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                    f"{bad}",
+                    "logit_bias",
+                    bad,
+                )
+        cut = self.truncate_prompt_tokens
+        if cut == 0:
+            raise ApiError("The decoder prompt cannot be empty")
+        if cut is not None and cut > max_model_len:
+            raise invalid_param(
+                f"truncate_prompt_tokens value ({cut}) is greater than max_model_len "
+                f"({max_model_len}). Please request a smaller truncation size.",
+                "truncate_prompt_tokens",
+                cut,
+            )
 
     def check_sampling(self, max_tokens: int | None) -> None:
         """vLLM 0.32's ``SamplingParams._verify_args``, in its order, with its messages; an
@@ -156,10 +225,56 @@ class _Request(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+def _is_int(key: str) -> bool:
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_logprobs(name: str, what: str, value: object, stream: bool) -> None:
+    """vLLM's checks of ``logprobs`` (completions) and ``prompt_logprobs``: an integer, -1
+    (every token) or 0..MAX_LOGPROBS."""
+    if value is None:
+        return
+    if not isinstance(value, int):  # a bool is one (Python's, and so vLLM's)
+        raise invalid_param(f"`{name}` must be an integer.", name, value)
+    if name == "prompt_logprobs" and stream and (value > 0 or value == -1):
+        raise invalid_param("`prompt_logprobs` are not available when `stream=True`.", name)
+    if value < 0 and value != -1:
+        raise invalid_param(f"`{name}` must be a positive value or -1.", name, value)
+    wanted = VOCABULARY if value == -1 else value
+    if wanted > MAX_LOGPROBS:
+        raise invalid_param(
+            f"Requested {what} logprobs of {wanted}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}",
+            name,
+            wanted,
+        )
+
+
+TEXT_PART_TYPES = {"text", "input_text", "refusal"}
+OTHER_PART_TYPES = {"image_url", "input_image", "input_audio", "audio_url", "video_url", "file"}
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in TEXT_PART_TYPES | OTHER_PART_TYPES:
+            raise ValueError(f"Unknown part type: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _text_has_text(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs `text`")
+        return self
 
 
 class Message(BaseModel):
@@ -176,6 +291,15 @@ class Message(BaseModel):
 class ChatRequest(_Request):
     messages: list[Message]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: object) -> object:
+        return 1 if value is None else value  # vLLM: chat's `n: int | None = 1`
 
     continue_final_message: bool = False
     add_generation_prompt: bool = True
@@ -194,6 +318,20 @@ class ChatRequest(_Request):
                 "continue_final_message requires the final message to be from the assistant",
                 param="messages",
             )
+        if self.tools is not None and not self.tools:
+            raise invalid_param(
+                "`tools` must not be an empty array. Either provide at least one tool or omit "
+                "the field entirely.",
+                "tools",
+            )
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise invalid_param("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        top = self.top_logprobs
+        if top and not self.logprobs:
+            raise invalid_param(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
+        _check_logprobs("top_logprobs", "sample", top, False)
         _Request.check(self, max_model_len)
 
     def continued(self) -> tuple[str, int, int]:
@@ -228,6 +366,15 @@ def _chat_tokens(messages: list[Message]) -> int:
 class CompletionRequest(_Request):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
+    logprobs: Any = None  # checked by hand, as vLLM does
+    echo: bool | None = False  # vLLM: optional here, not in chat
+
+    def check(self, max_model_len: int) -> None:
+        _check_logprobs("logprobs", "sample", self.logprobs, False)
+        p = self.prompt
+        if p == "" or (isinstance(p, list) and any(x == "" or x == [] for x in p)):
+            raise ApiError("The decoder prompt cannot be empty")
+        _Request.check(self, max_model_len)
 
     def prompts(self) -> list[tuple[str, int]]:
         """(seed, prompt tokens) for each prompt in the request."""
