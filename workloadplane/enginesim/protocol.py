@@ -254,8 +254,11 @@ def _check_logprobs(name: str, what: str, value: object, stream: bool) -> None:
         )
 
 
-TEXT_PART_TYPES = {"text", "input_text", "refusal"}
-OTHER_PART_TYPES = {"image_url", "input_image", "input_audio", "audio_url", "video_url", "file"}
+TEXT_PART_TYPES = {"text", "refusal", "thinking"}
+OTHER_PART_TYPES = {  # vLLM 0.32's chat content parts besides text (engine-sim ignores them)
+    "image_url", "input_audio", "file", "audio_url", "video_url", "image_embeds",
+    "audio_embeds", "video_embeds", "prompt_embeds", "image_pil", "tool_reference",
+}  # fmt: skip
 
 
 class ContentPart(BaseModel):
