@@ -246,6 +246,12 @@ def _build_app(sim: Simulator) -> FastAPI:
         sim.check(body.model)
         inputs = p.CompletionRequest(prompt=body.input).prompts()
         dim = body.dimensions or sim.config.embedding_dim
+        if dim > sim.config.embedding_dim:  # the vector is built: an unbounded size is a DoS
+            raise p.ApiError(
+                f"dimensions must be at most {sim.config.embedding_dim}, this model's "
+                f"embedding size (got {dim})",
+                param="dimensions",
+            )
         if body.encoding_format not in ("float", "base64"):
             raise p.ApiError("encoding_format must be 'float' or 'base64'", param="encoding_format")
         data = []

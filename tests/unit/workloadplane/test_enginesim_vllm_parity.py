@@ -30,7 +30,7 @@ KNOWN_DIFFERENCES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 async def sim() -> AsyncIterator[Simulator]:
     s = make_sim()
     yield s
@@ -49,3 +49,39 @@ async def test_every_recorded_request_gets_vllms_status(sim: Simulator) -> None:
                 differ.append(f"{path} {json.dumps(body)}: vLLM {status}, engine-sim "
                               f"{got.status_code} {got.text[:120]}")  # fmt: skip
     assert not differ, f"{len(differ)} differ:\n" + "\n".join(differ[:20])
+
+
+ODD_VALUES: list[Any] = [None, True, 0, -1, 1.5, 2**70, "", "x", "\ud800", [], {}, [[]], ["a"],
+                         {"a": [1, {"b": None}]}]  # fmt: skip
+FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens",
+          "stream", "stream_options", "n", "temperature", "top_p", "top_k", "stop", "seed",
+          "logprobs", "top_logprobs", "prompt_logprobs", "logit_bias", "response_format",
+          "tools", "tool_choice", "user", "echo", "priority", "truncate_prompt_tokens",
+          "continue_final_message", "add_generation_prompt", "ignore_eos", "min_tokens",
+          "encoding_format", "dimensions"]  # fmt: skip
+BASES = {
+    "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 2},
+    "/v1/completions": {"model": "tiny", "prompt": "hi", "max_tokens": 2},
+    "/v1/embeddings": {"model": "tiny", "input": "hi"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(BASES))
+async def test_no_field_value_makes_a_500(sim: Simulator, path: str) -> None:
+    """Every field above set to a value of every JSON type (a lone surrogate and a 2**70
+    included), streamed and not: the answer is a 200 or a 4xx, never a 5xx (a lone
+    surrogate was a 500)."""
+    fives = []
+    async with client_for(sim) as http:
+        for field in FIELDS:
+            for value in ODD_VALUES:
+                for stream in (False, True):
+                    body = {**BASES[path], field: value}
+                    if stream and field != "stream":
+                        body["stream"] = True
+                    raw = json.dumps(body).encode()  # ensure_ascii: "\ud800" travels escaped
+                    got = await http.post(path, content=raw)
+                    if got.status_code >= 500:
+                        fives.append(f"{path} {raw[:120]!r}: {got.status_code}")
+    assert not fives, f"{len(fives)} answered 5xx:\n" + "\n".join(fives[:20])
