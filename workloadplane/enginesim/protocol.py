@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from typing import Any, Literal, TypeVar
@@ -299,13 +300,13 @@ class ChatRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
 
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+
     @field_validator("n", mode="before")
     @classmethod
     def _null_n_is_one(cls, value: object) -> object:
         return 1 if value is None else value  # vLLM: chat's `n: int | None = 1`
-
-    continue_final_message: bool = False
-    add_generation_prompt: bool = True
 
     def check(self, max_model_len: int) -> None:
         if not self.messages:
@@ -423,8 +424,10 @@ def parse(model: type[_M], raw: bytes) -> _M:
         raise _invalid("body", f"JSON decode error: {exc}") from exc
     if not isinstance(data, dict):
         raise _invalid("body", "Input should be a JSON object")
-    if not _encodable({k: v for k, v in data.items() if k != "model"}):
-        raise ApiError(TEXT_ENCODE_INPUT)  # vLLM's tokenizer refuses a lone surrogate (\ud800)
+    if _SURROGATE_ESCAPE.search(raw) and not _encodable(
+        {k: v for k, v in data.items() if k != "model"}
+    ):
+        raise ApiError(TEXT_ENCODE_INPUT)  # vLLM's tokenizer refuses a lone surrogate
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -439,9 +442,14 @@ TEXT_ENCODE_INPUT = (
 """vLLM 0.32's 400 for text it cannot encode (its tokenizer's message), param null."""
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a surrogate: the only way a body's text can hold one (UTF-8 cannot), so
+the costly check below runs only for the bodies that have one (pairs, emoji, included)."""
+
+
 def _encodable(data: object) -> bool:
-    """Every string in ``data`` is valid Unicode (no lone surrogate, which JSON's
-    ``\ud800`` escapes can carry and UTF-8 cannot)."""
+    """Every string in ``data`` is valid Unicode: no lone surrogate, which a JSON escape
+    can carry and UTF-8 cannot."""
     try:
         json.dumps(data, ensure_ascii=False).encode()
     except UnicodeEncodeError:
