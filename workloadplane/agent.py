@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -49,6 +48,7 @@ from workloadplane.autoscaler_loop import Autoscaler
 from workloadplane.autoscaling import Decision, ScaleAction
 from workloadplane.bus import AgentBus
 from workloadplane.capacity import free_capacity
+from workloadplane.natsconnect import read_credentials
 from workloadplane.reconcile import (
     DEFAULT_DISAPPEARANCE_GRACE,
     DEFAULT_DRAIN_LEAD,
@@ -607,17 +607,15 @@ async def run_agent(
 
 def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:
     """From a JSON file (``{"user":…, "password":…}``) or GPUFLEET_NATS_USER/PASSWORD."""
-    if path:
-        data = json.loads(Path(path).read_text())
-    elif os.environ.get("GPUFLEET_NATS_PASSWORD"):
-        data = {
-            "user": os.environ.get("GPUFLEET_NATS_USER", cluster_user(cluster)),
-            "password": os.environ["GPUFLEET_NATS_PASSWORD"],
-        }
-    else:
-        return None
-    data.setdefault("inbox_prefix", cluster_inbox_prefix(cluster))
-    return NatsCredentials.model_validate(data)
+    if path:  # a bad file raises CredentialsFileError, naming what to change
+        return read_credentials(Path(path), cluster_user(cluster), cluster_inbox_prefix(cluster))
+    if os.environ.get("GPUFLEET_NATS_PASSWORD"):
+        return NatsCredentials(
+            user=os.environ.get("GPUFLEET_NATS_USER", cluster_user(cluster)),
+            password=os.environ["GPUFLEET_NATS_PASSWORD"],
+            inbox_prefix=cluster_inbox_prefix(cluster),
+        )
+    return None
 
 
 if __name__ == "__main__":  # python -m workloadplane.agent … is gpufleet agent …

@@ -15,7 +15,7 @@ import enum
 import gc
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,9 @@ import typer
 from gpufleet_logging import configure_logging
 
 if TYPE_CHECKING:
+    from controlplane.contracts import NatsCredentials
     from workloadplane.router.core import Router
+    from workloadplane.router.keys import KeyGrant
     from workloadplane.runtime.base import ClosableRuntime, GpuInventory, ReplicaWatcher
 
 app = typer.Typer(
@@ -102,11 +104,11 @@ def agent(
     from workloadplane.router.core import Router
     from workloadplane.router.remote import RemoteRouter
 
-    configure_logging("agent")
     if router_url is not None and router_port is not None:
         raise typer.BadParameter("give --router-url (its own process) or --router-port, not both")
+    credentials = _credentials(lambda: load_credentials(cluster, credentials_file))
+    configure_logging("agent")
     state = Path(state_dir or f".gpufleet/agent-{cluster}")
-    credentials = load_credentials(cluster, credentials_file)
 
     if metrics_port is not None:
         from prometheus_client import start_http_server
@@ -228,26 +230,60 @@ def router(
         help="The cluster's NATS credentials (the agent's file).",
     ),
     load_interval: float = typer.Option(0.5, help="Seconds between load reports."),
+    api_keys_file: str | None = typer.Option(
+        None,
+        envvar="GPUFLEET_ROUTER_API_KEYS",
+        help='JSON {"<key or sha256:HEX>": {"tier": 0-2}}: the keys this plane serves (a '
+        "gateway's --plane-api-key among them); none: no authentication.",
+    ),
 ) -> None:
     """Run the plane's router: gpufleet router --state-dir DIR --port P (the plane's data
     path, its own process), or on fixed replicas with --replica (benchmarks, demos)."""
     from workloadplane.router.core import RouterConfig
     from workloadplane.router.server import LoadReports, run_plane, run_static
 
-    configure_logging("router")
-    config = RouterConfig(queue_max_wait_s=queue_max_wait, max_body_bytes=max_body_bytes)
+    keys = _api_keys(api_keys_file, "--api-keys-file")
     reports = None
     if cluster is not None:
         from workloadplane.agent import load_credentials
 
-        creds = load_credentials(cluster, credentials_file)
+        creds = _credentials(lambda: load_credentials(cluster, credentials_file))
         reports = LoadReports(cluster, nats_url, creds, interval_s=load_interval)
+    configure_logging("router")
+    config = RouterConfig(
+        queue_max_wait_s=queue_max_wait,
+        max_body_bytes=max_body_bytes,
+        api_keys={digest: grant.tier for digest, grant in keys.items()},
+    )
     if state_dir is not None:
         if replica:
             raise typer.BadParameter("give --state-dir or --replica, not both")
         run_plane(host, port, Path(state_dir), config, reports)
     else:
         run_static(host, port, replica, concurrency, config, reports)
+
+
+def _credentials(read: Callable[[], NatsCredentials | None]) -> NatsCredentials | None:
+    """The NATS credentials ``read`` gives; a bad file exits 2 naming what to change."""
+    from workloadplane.natsconnect import CredentialsFileError
+
+    try:
+        return read()
+    except CredentialsFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--credentials-file") from None
+
+
+def _api_keys(path: str | None, option: str) -> dict[str, KeyGrant]:
+    """The keys file's grants by digest ({} without a file); a bad file exits 2 naming
+    what to change."""
+    from workloadplane.router.keys import KeysFileError, load_keys
+
+    if not path:
+        return {}
+    try:
+        return load_keys(Path(path))
+    except KeysFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 @app.command()
@@ -287,25 +323,20 @@ def gateway(
     ),
 ) -> None:
     """Run a global gateway: gpufleet gateway --name NAME --region REGION [--port P]."""
-    import json
-
-    from controlplane.contracts import NatsCredentials, gateway_inbox_prefix, gateway_user
-    from workloadplane.gateway.app import GatewayConfig, KeyGrant, hash_key
+    from controlplane.contracts import gateway_inbox_prefix, gateway_user
+    from workloadplane.gateway.app import GatewayConfig
     from workloadplane.gateway.server import GatewaySettings, run_gateway
+    from workloadplane.natsconnect import read_credentials
 
+    keys = _api_keys(api_keys_file, "--api-keys-file")
     configure_logging("gateway")
     creds = None
     if credentials_file:
-        data = json.loads(Path(credentials_file).read_text())
-        data.setdefault("user", gateway_user(name))
-        data.setdefault("inbox_prefix", gateway_inbox_prefix(name))
-        creds = NatsCredentials.model_validate(data)
-    keys: dict[str, KeyGrant] = {}
-    if api_keys_file:
-        for key, grant in json.loads(Path(api_keys_file).read_text()).items():
-            digest = key[7:] if key.startswith("sha256:") else hash_key(key)
-            jurisdictions = frozenset(j.upper() for j in grant.get("jurisdictions", []))
-            keys[digest] = KeyGrant(int(grant.get("tier", 1)), jurisdictions)
+        creds = _credentials(
+            lambda: read_credentials(
+                Path(credentials_file), gateway_user(name), gateway_inbox_prefix(name)
+            )
+        )
     settings = GatewaySettings(
         name=name,
         region=region,

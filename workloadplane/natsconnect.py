@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -22,6 +24,38 @@ from controlplane.contracts import NatsCredentials
 log = logging.getLogger(__name__)
 
 Callback = Callable[..., Awaitable[None]]
+MAX_CREDENTIALS_BYTES = 64 * 1024
+
+
+class CredentialsFileError(ValueError):
+    """The NATS credentials file is not ``{"user": …, "password": …}``; the message says
+    what to change and never holds the password."""
+
+
+def read_credentials(path: Path, user: str, inbox_prefix: str) -> NatsCredentials:
+    """``{"user", "password"[, "inbox_prefix"]}`` from a JSON file; ``user`` and
+    ``inbox_prefix`` are the defaults where it leaves them out."""
+    try:
+        raw = path.read_bytes()[: MAX_CREDENTIALS_BYTES + 1]
+    except OSError as exc:
+        message = f"{path}: cannot read the NATS credentials ({exc.strerror})"
+        raise CredentialsFileError(message) from None
+    shape = '{"user": "...", "password": "..."}'
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_CREDENTIALS_BYTES else None
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        raise CredentialsFileError(f"{path}: not a JSON object like {shape}")
+    data = {"user": user, "inbox_prefix": inbox_prefix, **data}
+    unknown = sorted(set(data) - {"user", "password", "inbox_prefix"})
+    if unknown:
+        raise CredentialsFileError(f"{path}: unknown field {unknown[0]!r}; write {shape}")
+    bad = [k for k, v in data.items() if not isinstance(v, str) or not v]
+    if bad or "password" not in data:
+        field = bad[0] if bad else "password"
+        raise CredentialsFileError(f"{path}: {field} must be a non-empty string; write {shape}")
+    return NatsCredentials(**data)
 
 
 async def connect_until_up(

@@ -13,7 +13,6 @@ are relayed event by event and, if the plane dies mid-stream, continued on anoth
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -41,17 +40,20 @@ from workloadplane.router.front import (
     RequestHead,
     Scope,
     Send,
-    bearer,
     choose_tier,
+    grant_of,
     lifespan,
     parse_payload,
     read_body,
     read_head,
+    refuse_key,
     relay,
     respond,
     send_stream_error,
+    unknown_key,
 )
 from workloadplane.router.httpserver import Connection, Exchange
+from workloadplane.router.keys import KeyGrant
 from workloadplane.router.upstream import Connection as UpstreamConnection
 from workloadplane.router.upstream import Response, UpstreamAborted, UpstreamError
 
@@ -70,14 +72,6 @@ _WHOLE_BYTES = 256 * 1024
 """A non-streamed answer is held until whole (one write) up to this size; past it, its
 head goes out and the rest follows as it comes."""
 NO_PLANE = 503, "service_unavailable_error"
-
-
-@dataclass(frozen=True, slots=True)
-class KeyGrant:
-    """What one API key may do at the gateway: its best tier and its residency."""
-
-    tier: int = 1
-    jurisdictions: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -101,10 +95,6 @@ class GatewayConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_headers: int = 100
     max_header_bytes: int = 64 * 1024
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class Refused(Exception):
@@ -166,8 +156,14 @@ class GatewayApp:
         method = scope["method"]
         if method == "POST" and path in INFERENCE_PATHS:
             await self.inference(scope, receive, send, path.decode())
-        elif method == "GET" and path == b"/v1/models":
-            await self.models(send)
+        elif method == "GET" and path in (b"/v1/models", b"/debug/routes"):
+            head = read_head(scope["headers"])
+            if self.config.api_keys and grant_of(self.config.api_keys, head.auth) is None:
+                await refuse_key(send, head, "gateway")  # the fleet's map is not public
+            elif path == b"/v1/models":
+                await self.models(send)
+            else:
+                await self.debug_routes(scope, send)
         elif method == "GET" and path == b"/health":
             await respond(send, 200, b"", b"text/plain")
         elif method == "GET" and path == b"/metrics":
@@ -175,8 +171,6 @@ class GatewayApp:
 
             body = generate_latest(self.metrics.registry)
             await respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
-        elif method == "GET" and path == b"/debug/routes":
-            await self.debug_routes(scope, send)
         else:
             message = (
                 f"no route {method} {path.decode()}: use /v1/chat/completions, "
@@ -231,12 +225,9 @@ class GatewayApp:
         """Who asks, for what, and where it may go; or why it is refused before any plane."""
         grant = None
         if self.config.api_keys:
-            grant = self.config.api_keys.get(hash_key(bearer(head.auth)))
+            grant = grant_of(self.config.api_keys, head.auth)
             if grant is None:
-                message = (
-                    "invalid API key: send 'Authorization: Bearer <key>' with a key this "
-                    "gateway knows"
-                )
+                message = unknown_key("gateway")
                 return Refusal(head, path, errors.UNAUTHORIZED, message, "invalid_api_key")
         tier = choose_tier(
             grant.tier if grant else None,

@@ -39,14 +39,16 @@ from workloadplane.router.front import (
     RequestHead,
     Scope,
     Send,
-    bearer,
     choose_tier,
+    grant_of,
     lifespan,
     parse_payload,
     read_body,
     read_head,
+    refuse_key,
     relay,
     respond,
+    unknown_key,
 )
 from workloadplane.router.metrics import RouterMetrics, relabel_vllm, render_families
 from workloadplane.router.upstream import UpstreamError
@@ -81,7 +83,11 @@ class RouterApp:
         if method == "POST" and path in INFERENCE_PATHS:
             await self.inference(scope, receive, send, path)
         elif method == "GET" and path == b"/v1/models":
-            await self.models(send)
+            head = read_head(scope["headers"])
+            if self.config.api_keys and grant_of(self.config.api_keys, head.auth) is None:
+                await refuse_key(send, head, "plane")  # as vLLM's --api-key guards /v1
+            else:
+                await self.models(send)
         elif method == "GET" and path == b"/metrics":
             await self.scrape(send)
         elif method == "GET" and path == b"/health":
@@ -128,13 +134,9 @@ class RouterApp:
 
         known = None
         if self.config.api_keys:
-            known = self.config.api_keys.get(bearer(head.auth))
+            known = grant_of(self.config.api_keys, head.auth)
             if known is None:
-                message = (
-                    "invalid API key: send 'Authorization: Bearer <key>' with a key this "
-                    "plane knows"
-                )
-                await fail(errors.UNAUTHORIZED, message, "invalid_api_key")
+                await fail(errors.UNAUTHORIZED, unknown_key("plane"), "invalid_api_key")
                 return
         tier = choose_tier(known, self.config.default_tier, head.priority, self.config.tiers)
         try:

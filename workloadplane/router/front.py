@@ -9,18 +9,20 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.contracts import loads
 from gpufleet_logging import clean_request_id
 from workloadplane.router import errors
+from workloadplane.router.keys import hash_key
 from workloadplane.router.upstream import Response, UpstreamError
 
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
+G = TypeVar("G")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -96,6 +98,22 @@ def read_head(
 
 def bearer(auth: bytes) -> str:
     return auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
+
+
+def grant_of(keys: Mapping[str, G], auth: bytes) -> G | None:
+    """The grant of the request's bearer key among ``keys`` (by SHA-256 digest)."""
+    return keys.get(hash_key(bearer(auth)))
+
+
+def unknown_key(where: str) -> str:
+    return f"invalid API key: send 'Authorization: Bearer <key>' with a key this {where} knows"
+
+
+async def refuse_key(send: Send, head: RequestHead, where: str) -> None:
+    """401 in OpenAI's shape, for a route other than inference (those count it too)."""
+    status, type_ = errors.UNAUTHORIZED
+    body = errors.error_body(unknown_key(where), type_, "invalid_api_key")
+    await respond(send, status, body, extra=((b"x-request-id", head.request_id),))
 
 
 def choose_tier(known: int | None, default: int, priority: bytes, tiers: int) -> int:

@@ -11,6 +11,7 @@ import pytest
 from tests.integration.dataplane.conftest import make_sim_deployment, running_plane
 from tests.integration.dataplane.test_router_enginesim import chat
 from workloadplane.router.core import RouterConfig
+from workloadplane.router.keys import hash_key
 from workloadplane.runtime.templates import enginesim_template
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -24,7 +25,9 @@ async def _until(check, timeout_s: float, what: str) -> None:
 
 
 async def test_api_keys_gate_the_plane_and_a_higher_tier_overtakes_the_queue(tmp_path):
-    config = RouterConfig(api_keys={"k-gold": 0, "k-batch": 2}, concurrency_override=1)
+    config = RouterConfig(
+        api_keys={hash_key("k-gold"): 0, hash_key("k-batch"): 2}, concurrency_override=1
+    )
     async with running_plane(tmp_path, enginesim_template(), router_config=config) as plane:
         await plane.apply(make_sim_deployment(replicas=1, engine_args=["--tokens-per-s", "40"]))
         await plane.wait_ready("chat", 1)
@@ -33,9 +36,14 @@ async def test_api_keys_gate_the_plane_and_a_higher_tier_overtakes_the_queue(tmp
         async with httpx.AsyncClient(timeout=30) as client:
             missing = await client.post(url, json=chat())
             wrong = await client.post(url, json=chat(), headers={"Authorization": "Bearer nope"})
-            for r in (missing, wrong):
+            models = f"{plane.url}/v1/models"
+            unlisted = await client.get(models)  # as vLLM's --api-key guards all of /v1
+            for r in (missing, wrong, unlisted):
                 assert r.status_code == 401
                 assert r.json()["error"]["code"] == "invalid_api_key"
+                assert r.headers["x-request-id"]
+            listed = await client.get(models, headers=gold)
+            assert [m["id"] for m in listed.json()["data"]] == ["chat"]
 
             finished: list[str] = []
 
@@ -55,7 +63,7 @@ async def test_api_keys_gate_the_plane_and_a_higher_tier_overtakes_the_queue(tmp
 
 
 async def test_a_header_may_lower_a_keys_tier_but_never_raise_it(tmp_path):
-    config = RouterConfig(api_keys={"k-batch": 2}, concurrency_override=1)
+    config = RouterConfig(api_keys={hash_key("k-batch"): 2}, concurrency_override=1)
     async with running_plane(tmp_path, enginesim_template(), router_config=config) as plane:
         await plane.apply(make_sim_deployment(replicas=1, engine_args=["--tokens-per-s", "40"]))
         await plane.wait_ready("chat", 1)

@@ -19,6 +19,7 @@ from controlplane.contracts import DeploymentRoute, PlaneRoute, RegionPoint, Rou
 from workloadplane.gateway.app import GatewayApp, GatewayConfig
 from workloadplane.gateway.state import GatewayState, RoutesStore
 from workloadplane.router.httpserver import HttpServer
+from workloadplane.router.keys import KeyGrant, hash_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -327,3 +328,33 @@ async def test_a_failing_callback_path_answers_500_and_closes(fleet, monkeypatch
     status, headers, body = await client.ask()
     assert status == 500 and headers[b"connection"] == b"close" and body
     assert await client.reader.read() == b""  # closed: nothing half-answered is reused
+
+
+async def test_with_keys_every_route_but_health_and_metrics_wants_one(fleet):
+    front, a, _, client = fleet
+    front.app.config.api_keys = {
+        hash_key("k-us"): KeyGrant(0, frozenset({"US"})),
+        hash_key("k-de"): KeyGrant(1, frozenset({"DE"})),
+    }
+
+    async def get(path: bytes, key: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+        auth = b"authorization: Bearer %s\r\n" % key if key else b""
+        client.writer.write(b"GET %s HTTP/1.1\r\nhost: gw\r\n%s\r\n" % (path, auth))
+        return await client.answer()
+
+    for path in (b"/v1/models", b"/debug/routes?model=chat"):
+        status, headers, body = await get(path)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+        assert headers[b"x-request-id"]
+        assert (await get(path, b"k-us"))[0] == 200
+    assert (await get(b"/health"))[0] == 200
+    client.send()
+    status, _, body = await client.answer()
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    client.send(extra=b"authorization: Bearer k-us\r\n")
+    status, headers, _ = await client.answer()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
+    client.send(extra=b"authorization: Bearer k-de\r\n")  # its residency: no plane allowed
+    status, _, body = await client.answer()
+    assert status == 503 and "DE" in json.loads(body)["error"]["message"]
+    assert a.requests == 2  # only the first request and k-us's reached a plane
