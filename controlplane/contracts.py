@@ -114,7 +114,7 @@ def gateway_inbox_prefix(gateway: str) -> str:
 
 def check_cluster_name(name: str) -> str:
     """Return ``name`` if it is a valid cluster name (one NATS token, DNS-label shaped)."""
-    if not CLUSTER_NAME_RE.match(name):
+    if not CLUSTER_NAME_RE.fullmatch(name):
         raise ValueError(
             f"invalid cluster name {name!r}: use 1-63 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit"

@@ -441,7 +441,7 @@ def lane_name(deployment: str, revision: int) -> str:
 def lane_of(entry: str) -> tuple[str, int] | None:
     """(deployment, revision) when ``entry`` names a rollout lane, else None (deployment
     names never look like a lane: `specs.DeploymentSpec` refuses them)."""
-    found = LANE.match(entry)
+    found = LANE.fullmatch(entry)
     return (found["deployment"], int(found["revision"])) if found else None
 
 

@@ -36,6 +36,71 @@ app = typer.Typer(
 )
 
 
+MAX_BODY = 1024**3
+
+
+def _name(value: str | None) -> str | None:
+    """A cluster or gateway name: one NATS token, DNS-label shaped."""
+    from controlplane.contracts import check_cluster_name
+
+    try:
+        return value if value is None else check_cluster_name(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _region(value: str) -> str:
+    """A region name, as the control plane's regions are named."""
+    from controlplane.contracts import CLUSTER_NAME_RE
+
+    if not CLUSTER_NAME_RE.fullmatch(value):
+        raise typer.BadParameter(
+            f"invalid region name {value!r}: a region of the fleet, e.g. aws-us-east-1"
+        )
+    return value
+
+
+def _seconds(
+    low: float, high: float, *, low_ok: bool = False
+) -> Callable[[float | None], float | None]:
+    """A duration option within (low, high] seconds ([low, high] with ``low_ok``)."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not ((low <= value if low_ok else low < value) and value <= high):  # NaN fails
+            above = "at least" if low_ok else "above"
+            raise typer.BadParameter(f"give seconds {above} {low:g} and at most {high:g}")
+        return value
+
+    return check
+
+
+def _endpoint(url: str) -> str:
+    """``http://HOST:PORT`` (a path after it is allowed); else what to write instead."""
+    scheme, sep, rest = url.partition("://")
+    host, _, port = rest.split("/", 1)[0].rpartition(":")
+    if scheme not in ("http", "https") or not sep or not host or not port.isdigit():
+        raise typer.BadParameter(f"{url!r} is not a URL like http://127.0.0.1:8001")
+    if not 1 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{url!r}: a port is 1 to 65535")
+    return url
+
+
+def _router_url(url: str | None) -> str | None:
+    return url if url is None else _endpoint(url)
+
+
+def _replicas(items: list[str]) -> list[str]:
+    """Each --replica is DEPLOYMENT=URL."""
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"{item!r}: write DEPLOYMENT=http://HOST:PORT")
+        _endpoint(url)
+    return items
+
+
 class RuntimeKind(enum.StrEnum):
     memory = "memory"
     process = "process"
@@ -48,7 +113,7 @@ class EngineKind(enum.StrEnum):
 
 @app.command()
 def agent(
-    cluster: str = typer.Option(..., help="The cluster this agent runs."),
+    cluster: str = typer.Option(..., help="The cluster this agent runs.", callback=_name),
     nats_url: str = typer.Option(
         "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
     ),
@@ -69,30 +134,37 @@ def agent(
     ),
     router_url: str | None = typer.Option(
         None,
+        callback=_router_url,
         help="The plane's router, run as its own process (gpufleet router --state-dir), on "
         "loopback: http://127.0.0.1:PORT. Its load drives autoscaling and drains.",
     ),
     router_port: int | None = typer.Option(
         None,
+        min=1,
+        max=65535,
         help="Serve the plane's router inside this agent's process on this port instead "
         "(development and tests: an agent crash then cuts the data path).",
     ),
     router_host: str = typer.Option("127.0.0.1"),
-    heartbeat_interval: float = typer.Option(5.0),
+    heartbeat_interval: float = typer.Option(5.0, callback=_seconds(0.05, 3600)),
     drain_lead: float | None = typer.Option(
         None,
+        callback=_seconds(0, 86400, low_ok=True),
         help="Seconds before a draining instance's deadline to drain its replicas even "
         "without a ready replacement [30].",
     ),
     disappearance_grace: float = typer.Option(
         120.0,
         envvar="GPUFLEET_AGENT_DISAPPEARANCE_GRACE_S",
+        callback=_seconds(0, 86400, low_ok=True),
         help="Seconds a deployment a newer snapshot dropped keeps serving while it has "
         "traffic here (not when the snapshot retires it: a user deleted it).",
     ),
     metrics_port: int | None = typer.Option(
         None,
         envvar="GPUFLEET_AGENT_METRICS_PORT",
+        min=1,
+        max=65535,
         help="Serve the agent's own metrics (rejected messages, publish failures) on "
         "127.0.0.1:PORT/metrics; with --router-port the router's /metrics serves them too.",
     ),
@@ -200,24 +272,33 @@ def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
 @app.command()
 def router(
     host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8080),
+    port: int = typer.Option(8080, min=1, max=65535),
     state_dir: str | None = typer.Option(
         None,
         help="The plane's agent state directory (its --state-dir): serve its replicas and "
         "deployments, whether the agent runs or not.",
     ),
     replica: list[str] = typer.Option(
-        [], help="deployment=url (repeat for each replica): fixed replicas instead."
+        [],
+        callback=_replicas,
+        help="deployment=url (repeat for each replica): fixed replicas instead.",
     ),
-    concurrency: int = typer.Option(256, help="Per-replica limit (fixed replicas)."),
-    queue_max_wait: float = typer.Option(120.0, help="Seconds a request may wait."),
+    concurrency: int = typer.Option(
+        256, min=1, max=100_000, help="Per-replica limit (fixed replicas)."
+    ),
+    queue_max_wait: float = typer.Option(
+        120.0, callback=_seconds(0, 86400), help="Seconds a request may wait."
+    ),
     max_body_bytes: int = typer.Option(
         16 * 1024 * 1024,
         envvar="GPUFLEET_ROUTER_MAX_BODY_BYTES",
+        min=1024,
+        max=MAX_BODY,
         help="Largest request body; larger ones get 413 [16 MiB].",
     ),
     cluster: str | None = typer.Option(
         None,
+        callback=_name,
         help="Publish this plane's load for the gateways on NATS "
         "(gpufleet.v1.cluster.NAME.load, every --load-interval seconds).",
     ),
@@ -229,7 +310,9 @@ def router(
         envvar="GPUFLEET_NATS_CREDENTIALS",
         help="The cluster's NATS credentials (the agent's file).",
     ),
-    load_interval: float = typer.Option(0.5, help="Seconds between load reports."),
+    load_interval: float = typer.Option(
+        0.5, callback=_seconds(0.01, 60), help="Seconds between load reports."
+    ),
     api_keys_file: str | None = typer.Option(
         None,
         envvar="GPUFLEET_ROUTER_API_KEYS",
@@ -288,12 +371,16 @@ def _api_keys(path: str | None, option: str) -> dict[str, KeyGrant]:
 
 @app.command()
 def gateway(
-    name: str = typer.Option(..., help="This gateway's name (its NATS user is gateway-NAME)."),
+    name: str = typer.Option(
+        ..., callback=_name, help="This gateway's name (its NATS user is gateway-NAME)."
+    ),
     region: str = typer.Option(
-        ..., help="The region it runs in (the client's, when no x-gpufleet-client-region)."
+        ...,
+        callback=_region,
+        help="The region it runs in (the client's, when no x-gpufleet-client-region).",
     ),
     host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8300),
+    port: int = typer.Option(8300, min=1, max=65535),
     state_dir: str | None = typer.Option(
         None, envvar="GPUFLEET_GATEWAY_STATE_DIR", help="[.gpufleet/gateway-NAME]"
     ),
@@ -314,7 +401,9 @@ def gateway(
     plane_api_key: str | None = typer.Option(
         None, envvar="GPUFLEET_GATEWAY_PLANE_KEY", help="Bearer token for the planes' routers."
     ),
-    max_body_bytes: int = typer.Option(16 * 1024 * 1024, help="Largest request body [16 MiB]."),
+    max_body_bytes: int = typer.Option(
+        16 * 1024 * 1024, min=1024, max=MAX_BODY, help="Largest request body [16 MiB]."
+    ),
     zones_only: bool = typer.Option(
         False,
         "--zones-only",

@@ -163,6 +163,9 @@ def test_names_live_in_one_place():
     assert c.cluster_from_subject("other.subject") is None
     with pytest.raises(ValueError, match="invalid cluster name"):
         c.observed_subject("a.b")
+    for forged in ("a\n", "a\r\nPUB x 1", "a b", "", "A"):  # no second line on the wire
+        with pytest.raises(ValueError, match="invalid cluster name"):
+            c.check_cluster_name(forged)
 
 
 def test_quota_max_below_min_is_refused():

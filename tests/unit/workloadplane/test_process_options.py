@@ -1,0 +1,45 @@
+"""The workload plane's processes (agent, router, gateway) refuse a bad option at start:
+exit 2 with what to change, before anything runs (no traceback, no process that then logs
+errors for ever or listens on a port it was not given)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from workloadplane.cli import app
+
+GW = ["gateway", "--name", "g", "--region", "aws-us-east-1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["router", "--replica", "chat"], "write DEPLOYMENT=http://HOST:PORT"),
+        (["router", "--replica", "=http://127.0.0.1:8001"], "write DEPLOYMENT=http://HOST:PORT"),
+        (["router", "--replica", "chat=notaurl"], "is not a URL like http://127.0.0.1:8001"),
+        (["router", "--replica", "chat=http://127.0.0.1:0"], "a port is 1 to 65535"),
+        (["router", "--port", "99999"], "65535"),
+        (["router", "--port", "0"], "--port"),
+        (["router", "--concurrency", "0"], "--concurrency"),
+        (["router", "--queue-max-wait", "nan"], "give seconds above 0 and at most 86400"),
+        (["router", "--load-interval", "-1"], "give seconds above 0.01 and at most 60"),
+        (["router", "--max-body-bytes", "-5"], "1024"),
+        (["router", "--cluster", "Bad"], "invalid cluster name 'Bad'"),
+        (["gateway", "--name", "a/b", "--region", "x"], "invalid cluster name 'a/b'"),
+        (["gateway", "--name", "g", "--region", "US East"], "invalid region name 'US East'"),
+        ([*GW, "--port", "70000"], "65535"),
+        ([*GW, "--max-body-bytes", "0"], "1024"),
+        (["agent", "--cluster", "bad/name"], "invalid cluster name 'bad/name'"),
+        (["agent", "--cluster", "c\n"], "invalid cluster name"),
+        (["agent", "--cluster", "c", "--router-url", "localhost:8000"], "is not a URL like"),
+        (["agent", "--cluster", "c", "--router-port", "-1"], "--router-port"),
+        (["agent", "--cluster", "c", "--heartbeat-interval", "0"], "give seconds above 0.05"),
+        (["agent", "--cluster", "c", "--drain-lead", "-1"], "give seconds at least 0"),
+        (["agent", "--cluster", "c", "--metrics-port", "65536"], "65535"),
+    ],
+)
+def test_a_bad_option_exits_2_naming_what_to_change(argv, says):
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.replace("│", " ").split())
