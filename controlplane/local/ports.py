@@ -6,6 +6,7 @@ import contextlib
 import random
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -47,10 +48,23 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def wait_for_port(port: int, timeout_s: float = 10.0, host: str = "127.0.0.1") -> None:
+class ServerExited(Exception):
+    """The server whose port was awaited exited first."""
+
+
+def wait_for_port(
+    port: int,
+    timeout_s: float = 10.0,
+    host: str = "127.0.0.1",
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    """Until something answers on the port; ``alive`` (the server's process runs): stop
+    waiting at once with ServerExited when it says False."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
             return
+        if alive is not None and not alive():
+            raise ServerExited(f"the server for {host}:{port} exited before it answered")
         time.sleep(0.02)
     raise TimeoutError(f"nothing answered on {host}:{port} within {timeout_s:.0f} s")

@@ -26,7 +26,7 @@ from controlplane.local.gateways import (
     gateway_base_port,
     metrics_ports,
 )
-from controlplane.local.ports import port_is_free, wait_for_port
+from controlplane.local.ports import ServerExited, port_is_free, wait_for_port
 from controlplane.local.postgres import EmbeddedPostgres, PostgresError
 from controlplane.local.secrets import Secrets, cluster_users
 from controlplane.local.supervisor import (
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 FLEET = REPO / "infra" / "examples" / "fleet.yaml"
 API_PRICES = REPO / "infra" / "examples" / "api-prices.yaml"
+PORT_WAIT_S = 180.0
+"""How long a started process may take to open its port (while it runs)."""
 """Public API prices to compare the demo deployments with (apart from fleet.yaml, which the
 Terraform example mirrors object for object)."""
 
@@ -390,13 +392,19 @@ class Fleet:
         return child
 
     def _wait_for_port(self, child: Child) -> None:
+        """Wait for the child's port while it runs: ``up`` starts every process at once, and
+        on 2 busy cores one may take a minute or more to import and bind."""
         assert child.port is not None
+        log = self.log_dir / (child.name + ".log")
         try:
-            wait_for_port(child.port, 60)
+            wait_for_port(child.port, PORT_WAIT_S, alive=lambda: child.alive)
+        except ServerExited as exc:
+            raise UpError(
+                f"{child.name} exited before it opened port {child.port}; see {log}"
+            ) from exc
         except TimeoutError as exc:
             raise UpError(
-                f"{child.name} did not open port {child.port}; see "
-                f"{self.log_dir / (child.name + '.log')}"
+                f"{child.name} did not open port {child.port} in {PORT_WAIT_S:.0f} s; see {log}"
             ) from exc
 
     def start_processes(self) -> None:

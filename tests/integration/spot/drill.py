@@ -108,6 +108,8 @@ class DrillResult:
     victim: str = ""
     in_flight_at_drain: int = 0
     """Requests the drained replica was serving when its drain began."""
+    drain_in_flight: dict[str, int] = field(default_factory=dict)
+    """Replica → the router's requests on it when its drain began."""
     drained_s: float = float("nan")
     """→ that replica's process stopped, once its requests were done."""
     replacement_ready_s: float = float("nan")
@@ -447,6 +449,7 @@ async def run_drill(
                     b = a if one_cluster else await planes.enter_async_context(
                         plane(CLUSTER_OD, server.url, creds[CLUSTER_OD], tmp)
                     )  # fmt: skip
+                    _note_in_flight_at_drain(a, result)
                     await asyncio.to_thread(replanner, "initial")
                     await until(lambda: len(a.routable()) == 2, 30, "2 replicas on spot-a")
                     loads = [
@@ -472,6 +475,19 @@ async def run_drill(
         server.stop()
     result.replans = [reason for reason, *_ in replanner.log]
     return result
+
+
+def _note_in_flight_at_drain(a: Plane, result: DrillResult) -> None:
+    """What the router had in flight on a replica the moment its drain began (read after
+    the fact, by polling states, a loaded machine may have finished them already)."""
+    drain = a.runtime.drain
+
+    async def noted(replica_id: str) -> None:
+        if a.runtime.state(replica_id) == "ready":
+            result.drain_in_flight[replica_id] = a.router.replica_in_flight(replica_id)
+        await drain(replica_id)
+
+    a.runtime.drain = noted  # type: ignore[method-assign]
 
 
 async def _notice_and_follow(
@@ -521,7 +537,7 @@ async def _notice_and_follow(
             for rid, state in states.items():
                 if state == "draining":
                     drained, result.drain_started_s = rid, now
-                    result.in_flight_at_drain = a.router.replica_in_flight(rid)
+                    result.in_flight_at_drain = result.drain_in_flight.get(rid, 0)
                     result.drained_replica_instance = a.runtime._replicas[rid].instance
                     result.replacement_ready_at_drain = any(
                         r.pool == ON_DEMAND and r.state == "ready"

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from controlplane.local.supervisor import HEALTHY_AFTER_S, Child, _group_alive
 from controlplane.local.up import Periodic
@@ -101,3 +104,17 @@ def test_a_failing_job_is_said_once_and_its_recovery_too():
     down = False
     assert job.run(2.0) == "refreshing the NATS users from the database works again"
     assert job.run(3.0) is None
+
+
+def test_waiting_for_a_port_ends_at_once_when_its_server_exits():
+    from controlplane.local.ports import ServerExited, free_port, wait_for_port
+
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(ServerExited, match=f"127.0.0.1:{port} exited before it answered"):
+        wait_for_port(port, timeout_s=60, alive=lambda: False)
+    assert time.monotonic() - started < 5  # not the 60 s
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        wait_for_port(server.getsockname()[1], timeout_s=5, alive=lambda: False)  # it answers
