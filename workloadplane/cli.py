@@ -80,7 +80,8 @@ def _endpoint(url: str) -> str:
     """``http://HOST:PORT`` (a path after it is allowed); else what to write instead."""
     scheme, sep, rest = url.partition("://")
     host, _, port = rest.split("/", 1)[0].rpartition(":")
-    if scheme not in ("http", "https") or not sep or not host or not port.isdigit():
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if scheme not in ("http", "https") or not sep or not host or not digits:
         raise typer.BadParameter(f"{url!r} is not a URL like http://127.0.0.1:8001")
     if not 1 <= int(port) <= 65535:
         raise typer.BadParameter(f"{url!r}: a port is 1 to 65535")

@@ -25,7 +25,10 @@ class Candidate:
 
 
 def _hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    # surrogatepass: a key is request text, and a JSON escape can put a lone surrogate in
+    # it, which strict UTF-8 refuses (that was a 500)
+    data = key.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 class HashRing:

@@ -58,7 +58,7 @@ def if_match(request: Request) -> int | None:
     if raw is None or raw.strip() == ANY:
         return None
     value = raw.strip().removeprefix("W/").strip('"')
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):  # "²", 5,000 digits
         raise BadRequest(
             f'If-Match must be the object\'s generation (e.g. If-Match: "3") or *, got {raw!r}'
         )

@@ -47,7 +47,11 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isascii() and declared.isdigit():
+            too_big = len(declared) > 18 or int(declared) > self.max_bytes  # int()'s limit
+        else:
+            too_big = False
+        if too_big:
             await self._answer(scope, send)
             return
         seen, over, answered = 0, False, False

@@ -95,6 +95,9 @@ def check_write(request: Request, principal: Principal, role: Role, sent: str | 
 
 def integer(form: dict[str, str], name: str, low: int = 0, high: int = 1_000_000) -> int:
     raw = form.get(name, "").strip()
-    if not raw.lstrip("-").isdigit() or not low <= int(raw) <= high:
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18) or not (
+        low <= int(raw) <= high
+    ):
         raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {raw!r}")
     return int(raw)

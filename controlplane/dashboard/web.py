@@ -57,7 +57,7 @@ def to_login(request: Request, _: Exception) -> Response:
 
 def page_of(request: Request) -> int:
     raw = request.query_params.get("page", "1")
-    return max(int(raw), 1) if raw.isdigit() and len(raw) < 7 else 1
+    return max(int(raw), 1) if raw.isascii() and raw.isdigit() and len(raw) < 7 else 1
 
 
 def render(

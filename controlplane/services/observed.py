@@ -266,7 +266,9 @@ def _upsert_replica(
     if instances is None and replica.get("instance"):
         instances = _instance_ids(session, cluster)
     row.instance_id = (instances or {}).get(replica.get("instance") or "")
-    row.revision = int(replica["revision"]) if str(replica["revision"]).isdigit() else row.revision
+    revision = str(replica["revision"])  # a report's text: "²" is a digit to isdigit only
+    if revision.isascii() and revision.isdigit() and len(revision) <= 9:  # an INTEGER column
+        row.revision = int(revision)
     return deployment_id if became_ready else None
 
 

@@ -424,9 +424,7 @@ def parse(model: type[_M], raw: bytes) -> _M:
         raise _invalid("body", f"JSON decode error: {exc}") from exc
     if not isinstance(data, dict):
         raise _invalid("body", "Input should be a JSON object")
-    if _SURROGATE_ESCAPE.search(raw) and not _encodable(
-        {k: v for k, v in data.items() if k != "model"}
-    ):
+    if _SURROGATE.search(raw) and not _encodable({k: v for k, v in data.items() if k != "model"}):
         raise ApiError(TEXT_ENCODE_INPUT)  # vLLM's tokenizer refuses a lone surrogate
     try:
         return model.model_validate(data)
@@ -442,9 +440,11 @@ TEXT_ENCODE_INPUT = (
 """vLLM 0.32's 400 for text it cannot encode (its tokenizer's message), param null."""
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-"""A JSON escape of a surrogate: the only way a body's text can hold one (UTF-8 cannot), so
-the costly check below runs only for the bodies that have one (pairs, emoji, included)."""
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""A JSON escape of a surrogate, or one written as UTF-8 would write it (invalid UTF-8, but
+``json.loads`` reads bytes with ``surrogatepass``: that was a 500): the only ways a body's
+text can hold one, so the costly check below runs only for the bodies that have one (pairs,
+emoji, included)."""
 
 
 def _encodable(data: object) -> bool:

@@ -315,7 +315,7 @@ class GatewayApp:
         ]
         status, sent, plane = opened.resp.status, 0, opened.plane.cluster
         try:
-            if a.stream and status == 200:
+            if a.stream and status == 200 and _event_stream(opened.resp):
                 request = (path, a.payload, a.why, a.region, a.asked, a.forward)
                 sent = await self._stream(opened, ours, send, client, request)
             else:
@@ -775,6 +775,15 @@ def _upstream_headers(
     if plane_key:
         out.append((b"authorization", b"Bearer " + plane_key.encode()))
     return out
+
+
+def _event_stream(resp: Response) -> bool:
+    """The plane answers with SSE events: not every ``stream: true`` gets them (embeddings
+    never stream; engines answer them in JSON, which the event relay would have dropped)."""
+    return any(
+        name == b"content-type" and value.startswith(b"text/event-stream")
+        for name, value in resp.headers
+    )
 
 
 def _crosses(choice: Choice, ranked: Ranked) -> bool:

@@ -205,8 +205,9 @@ class _Outcomes:
 
 
 def _unit(key: str) -> float:
-    """A session key's fixed point in [0, 1)."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    """A session key's fixed point in [0, 1) (a lone surrogate in it included: a key is
+    request text)."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 

@@ -239,10 +239,13 @@ class ClientWatch:
 
 
 def parse_tier(value: bytes) -> int | None:
+    """``high``, ``normal``, ``low`` or a tier number; None (the header is ignored) for
+    anything else: "²", a digit to ``isdigit`` and not to ``int``, or more digits than
+    ``int`` reads (4,300) were a 500."""
     text = value.decode(errors="replace").strip().lower()
     if text in _TIERS:
         return _TIERS[text]
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -291,8 +291,11 @@ class Connection(asyncio.Protocol):
         limit = self.limits.max_body_bytes
         if limit is not None:
             for name, value in self._headers:
-                if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
-                    self._reject_body(f"content-length {int(value)}")
+                if name != b"content-length":
+                    continue
+                declared = value.strip()  # int() reads 4,300 digits at most
+                if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+                    self._reject_body(f"content-length {declared[:24].decode()}")
         if (b"expect", b"100-continue") in self._headers:
             self._continue_owed = True  # sent once every response before it went out
             self._send_continue()

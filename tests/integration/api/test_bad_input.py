@@ -84,6 +84,13 @@ def test_if_match_star_replaces_an_existing_object_and_never_creates_one(admin):
     assert admin.get("gpu-types/B200").status_code == 404
 
 
+def test_an_if_match_that_is_no_generation_is_a_400_naming_the_header(admin):
+    assert admin.post("gpu-types", b.gpu_type()).status_code == 201
+    for value in (b"\xb2", "1" * 5000, '"abc"'):  # "²" (latin-1) passes isdigit, not int()
+        refused = admin.put("gpu-types/H100-80G", b.gpu_type(), **{"If-Match": value})
+        assert "If-Match must be the object's generation" in _problem(refused, 400)["detail"]
+
+
 def test_a_limit_of_zero_is_a_422_on_every_list(admin):
     for path in ("events", "audit", "pools", "replicas"):
         assert _problem(admin.get(path, limit=0), 422)["errors"][0]["field"] == "query.limit"

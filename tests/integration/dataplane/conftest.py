@@ -1,5 +1,6 @@
 """A workload plane in the test process: Agent + ProcessRuntime (engine-sim or real vLLM
-processes) + the router on a free port. No NATS: desired state is handed to the agent."""
+processes) + the router on a free port. No NATS: desired state is handed to the agent.
+``router_process``: the plane's router as a process of its own, following a state dir."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ from controlplane.contracts import (
     ReplicaQuota,
     RevisionSpec,
 )
+from controlplane.local.supervisor import stop_recorded_replicas
 from workloadplane.agent import Agent, ReplicaChanges
 from workloadplane.router.core import Router, RouterConfig
 from workloadplane.router.server import serve_router
@@ -73,6 +77,16 @@ class Plane:
         return pid
 
 
+async def until_healthy(url: str, timeout_s: float) -> None:
+    """Bounded wait for a router starting at ``url`` to answer ``/health``."""
+    async with httpx.AsyncClient() as client, asyncio.timeout(timeout_s):
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{url}/health")).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+
+
 @contextlib.asynccontextmanager
 async def running_plane(tmp: Path, template: CommandTemplate, *,
                         router_config: RouterConfig | None = None,
@@ -93,13 +107,7 @@ async def running_plane(tmp: Path, template: CommandTemplate, *,
     tasks = [asyncio.create_task(serve_router(router, "127.0.0.1", port, stop)),
              asyncio.create_task(agent.reconcile_loop(0.5))]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient() as client:
-        async with asyncio.timeout(10):
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(f"{url}/health")).status_code == 200:
-                        break
-                await asyncio.sleep(0.05)
+    await until_healthy(url, 10)
     try:
         yield Plane(agent, runtime, router, url)
     finally:
@@ -115,6 +123,24 @@ async def running_plane(tmp: Path, template: CommandTemplate, *,
 async def sim_plane(tmp_path: Path) -> AsyncIterator[Plane]:
     async with running_plane(tmp_path, enginesim_template()) as plane:
         yield plane
+
+
+@pytest.fixture
+async def router_process(tmp_path: Path) -> AsyncIterator[tuple[Path, int]]:
+    """``gpufleet router --state-dir``: (the agent's state dir to give it, the router's port)."""
+    state, port = tmp_path / "agent", free_port()
+    state.mkdir()
+    argv = [sys.executable, "-m", "workloadplane.router", "--state-dir", str(state),
+            "--port", str(port)]  # fmt: skip
+    with open(tmp_path / "router.log", "wb") as log:
+        proc = subprocess.Popen(argv, start_new_session=True, stdout=log, stderr=log)
+    try:
+        await until_healthy(f"http://127.0.0.1:{port}", 30)
+        yield state, port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        stop_recorded_replicas(state / "runtime", grace_s=2)  # what the test left running
 
 
 def kill(pid: int, sig: signal.Signals) -> Callable[[], None]:

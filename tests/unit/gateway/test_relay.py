@@ -134,11 +134,16 @@ class Client:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
 
-    def send(self, body: dict[str, object] | None = None, extra: bytes = b"") -> None:
+    def send(
+        self,
+        body: dict[str, object] | None = None,
+        extra: bytes = b"",
+        path: bytes = b"/v1/chat/completions",
+    ) -> None:
         raw = json.dumps(body or {"model": "chat", "messages": []}).encode()
         self.writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-            b"%scontent-length: %d\r\n\r\n%s" % (extra, len(raw), raw)
+            b"POST %s HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b"%scontent-length: %d\r\n\r\n%s" % (path, extra, len(raw), raw)
         )
 
     async def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -220,6 +225,16 @@ async def test_pipelined_requests_are_answered_in_order(fleet):
     client.send()
     assert (await client.answer())[2] == b'{"n": 1}'
     assert (await client.answer())[2] == b'{"n": 2}'
+
+
+async def test_a_stream_asked_for_and_answered_in_json_comes_whole(fleet):
+    """Embeddings never stream: a plane answers ``stream: true`` there in JSON, which the
+    gateway's event relay dropped (the client got only a stream_broken event)."""
+    _, a, _, client = fleet
+    a.script.append(("ok", b'{"data": [{"embedding": [0.5]}]}'))
+    client.send({"model": "chat", "input": "hi", "stream": True}, path=b"/v1/embeddings")
+    status, _, body = await client.answer()
+    assert status == 200 and body == b'{"data": [{"embedding": [0.5]}]}'
 
 
 async def test_a_429_before_any_byte_moves_the_request_to_the_next_plane(fleet):

@@ -53,6 +53,13 @@ def test_a_lane_takes_its_share_of_the_deployments_requests_and_sticks_per_sessi
     assert 0.21 < unkeyed["chat--r2"] / 4000 < 0.29, unkeyed
 
 
+def test_a_session_key_with_a_lone_surrogate_draws_one_lane_every_time():
+    router = router_with(0.5)
+    chat = router.resolve("chat")
+    assert chat is not None  # the key is request text ("user", a prompt): it may hold one
+    assert len({router.lane_for(chat, "\ud800 session").name for _ in range(20)}) == 1
+
+
 def test_a_lane_without_a_ready_replica_or_share_takes_nothing_and_is_not_a_model():
     for router in (router_with(0.5, "starting"), router_with(0.0)):
         chat = router.resolve("chat")

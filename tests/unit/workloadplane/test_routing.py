@@ -49,6 +49,15 @@ def test_same_prefix_sticks_to_one_replica_while_load_allows():
     assert len(picks) == 1
 
 
+def test_a_prefix_with_a_lone_surrogate_sticks_like_any_other():
+    # a JSON escape (\ud800) puts one in a prompt; strict UTF-8 cannot encode it (a 500)
+    replicas = fleet(0, 0, 0, 0, limit=100)
+    ring = HashRing(c.replica_id for c in replicas)
+    picks = {choose_replica(replicas, affinity_key="chat\x1e\ud800" + "x" * 300, ring=ring,
+                            tiebreak=i) for i in range(20)}  # fmt: skip
+    assert len(picks) == 1 and None not in picks
+
+
 def test_different_prefixes_spread_over_replicas():
     replicas = fleet(0, 0, 0, 0, limit=100)
     ring = HashRing(c.replica_id for c in replicas)
