@@ -640,6 +640,15 @@ def loads(data: bytes | str) -> Any:
         raise ValueError("nested too deeply: the parser stops at about 1,000 levels") from None
 
 
+def whole_number(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a non-negative integer of at most ``max_digits`` ASCII digits, else None.
+    For input from outside the process: ``str.isdigit`` takes "²", which ``int`` refuses,
+    and ``int`` refuses more than 4,300 digits (both were 500s)."""
+    if text.isascii() and text.isdigit() and len(text) <= max_digits:
+        return int(text)
+    return None
+
+
 def _check_version(data: bytes) -> dict:
     try:
         raw = loads(data)

@@ -80,10 +80,12 @@ def _endpoint(url: str) -> str:
     """``http://HOST:PORT`` (a path after it is allowed); else what to write instead."""
     scheme, sep, rest = url.partition("://")
     host, _, port = rest.split("/", 1)[0].rpartition(":")
-    digits = port.isascii() and port.isdigit() and len(port) <= 5
-    if scheme not in ("http", "https") or not sep or not host or not digits:
+    from controlplane.contracts import whole_number
+
+    number = whole_number(port, 5)
+    if scheme not in ("http", "https") or not sep or not host or number is None:
         raise typer.BadParameter(f"{url!r} is not a URL like http://127.0.0.1:8001")
-    if not 1 <= int(port) <= 65535:
+    if not 1 <= number <= 65535:
         raise typer.BadParameter(f"{url!r}: a port is 1 to 65535")
     return url
 
@@ -326,7 +328,7 @@ def router(
     from workloadplane.router.core import RouterConfig
     from workloadplane.router.server import LoadReports, run_plane, run_static
 
-    keys = _api_keys(api_keys_file, "--api-keys-file")
+    keys = _api_keys(api_keys_file)
     reports = None
     if cluster is not None:
         from workloadplane.agent import load_credentials
@@ -357,7 +359,7 @@ def _credentials(read: Callable[[], NatsCredentials | None]) -> NatsCredentials 
         raise typer.BadParameter(str(exc), param_hint="--credentials-file") from None
 
 
-def _api_keys(path: str | None, option: str) -> dict[str, KeyGrant]:
+def _api_keys(path: str | None) -> dict[str, KeyGrant]:
     """The keys file's grants by digest ({} without a file); a bad file exits 2 naming
     what to change."""
     from workloadplane.router.keys import KeysFileError, load_keys
@@ -367,7 +369,7 @@ def _api_keys(path: str | None, option: str) -> dict[str, KeyGrant]:
     try:
         return load_keys(Path(path))
     except KeysFileError as exc:
-        raise typer.BadParameter(str(exc), param_hint=option) from None
+        raise typer.BadParameter(str(exc), param_hint="--api-keys-file") from None
 
 
 @app.command()
@@ -418,7 +420,7 @@ def gateway(
     from workloadplane.gateway.server import GatewaySettings, run_gateway
     from workloadplane.natsconnect import read_credentials
 
-    keys = _api_keys(api_keys_file, "--api-keys-file")
+    keys = _api_keys(api_keys_file)
     configure_logging("gateway")
     creds = None
     if credentials_file:

@@ -9,6 +9,7 @@ from fastapi import Request
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from controlplane.contracts import whole_number
 from controlplane.errors import BadRequest
 from controlplane.services.inventory import Actor
 
@@ -58,11 +59,12 @@ def if_match(request: Request) -> int | None:
     if raw is None or raw.strip() == ANY:
         return None
     value = raw.strip().removeprefix("W/").strip('"')
-    if not (value.isascii() and value.isdigit() and len(value) <= 18):  # "²", 5,000 digits
+    generation = whole_number(value)
+    if generation is None:
         raise BadRequest(
             f'If-Match must be the object\'s generation (e.g. If-Match: "3") or *, got {raw!r}'
         )
-    return int(value)
+    return generation
 
 
 def list_filters(request: Request) -> dict[str, str]:

@@ -14,6 +14,8 @@ import json
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controlplane.contracts import whole_number
+
 SETTING = "GPUFLEET_API_MAX_BODY_BYTES"
 
 
@@ -47,11 +49,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isascii() and declared.isdigit():
-            too_big = len(declared) > 18 or int(declared) > self.max_bytes  # int()'s limit
-        else:
-            too_big = False
-        if too_big:
+        size = whole_number(declared, 4000) if declared is not None else None
+        if size is not None and size > self.max_bytes:
             await self._answer(scope, send)
             return
         seen, over, answered = 0, False, False

@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from controlplane.api.auth import RANK, Principal, TokenVerifier
+from controlplane.contracts import whole_number
 from controlplane.errors import BadRequest, ControlPlaneError, Forbidden
 from controlplane.services.inventory import hash_token
 from controlplane.specs import Role
@@ -95,9 +96,8 @@ def check_write(request: Request, principal: Principal, role: Role, sent: str | 
 
 def integer(form: dict[str, str], name: str, low: int = 0, high: int = 1_000_000) -> int:
     raw = form.get(name, "").strip()
-    digits = raw.removeprefix("-")
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18) or not (
-        low <= int(raw) <= high
-    ):
+    size = whole_number(raw.removeprefix("-"))
+    value = None if size is None else -size if raw.startswith("-") else size
+    if value is None or not low <= value <= high:
         raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {raw!r}")
-    return int(raw)
+    return value

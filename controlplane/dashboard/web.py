@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from controlplane.api.auth import Principal
+from controlplane.contracts import whole_number
 from controlplane.dashboard.session import can, csrf_for, principal_of, session_token
 from controlplane.settings import GatewayEndpoint
 from controlplane.specs import Role
@@ -57,7 +58,7 @@ def to_login(request: Request, _: Exception) -> Response:
 
 def page_of(request: Request) -> int:
     raw = request.query_params.get("page", "1")
-    return max(int(raw), 1) if raw.isascii() and raw.isdigit() and len(raw) < 7 else 1
+    return max(whole_number(raw, 6) or 1, 1)
 
 
 def render(

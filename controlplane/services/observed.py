@@ -29,6 +29,7 @@ from controlplane.contracts import (
     ReplicasScaled,
     ReplicaStarted,
     SpotInterruptionNoticed,
+    whole_number,
 )
 from controlplane.db.columns import cluster_status, deployment_autoscaling, set_status
 from controlplane.db.models import Cluster, Deployment, Event, Instance, Replica
@@ -266,9 +267,9 @@ def _upsert_replica(
     if instances is None and replica.get("instance"):
         instances = _instance_ids(session, cluster)
     row.instance_id = (instances or {}).get(replica.get("instance") or "")
-    revision = str(replica["revision"])  # a report's text: "²" is a digit to isdigit only
-    if revision.isascii() and revision.isdigit() and len(revision) <= 9:  # an INTEGER column
-        row.revision = int(revision)
+    revision = whole_number(str(replica["revision"]), 9)  # a report's text; INTEGER column
+    if revision is not None:
+        row.revision = revision
     return deployment_id if became_ready else None
 
 

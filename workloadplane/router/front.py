@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from controlplane.contracts import loads
+from controlplane.contracts import loads, whole_number
 from gpufleet_logging import clean_request_id
 from workloadplane.router import errors
 from workloadplane.router.keys import hash_key
@@ -245,7 +245,7 @@ def parse_tier(value: bytes) -> int | None:
     text = value.decode(errors="replace").strip().lower()
     if text in _TIERS:
         return _TIERS[text]
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+    return whole_number(text, 9)
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -171,3 +171,10 @@ def test_names_live_in_one_place():
 def test_quota_max_below_min_is_refused():
     with pytest.raises(ValueError, match="must be >= min"):
         c.ReplicaQuota(min=3, max=1)
+
+
+def test_whole_number_takes_only_ascii_digits_within_its_bound():
+    assert c.whole_number("42") == 42 and c.whole_number("0") == 0
+    assert c.whole_number("123", max_digits=2) is None
+    for text in ("\u00b2", "\u0663", "-1", " 1", "1.0", "", "1" * 5000):  # int() fails on some
+        assert c.whole_number(text) is None, text
