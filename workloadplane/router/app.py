@@ -10,6 +10,7 @@ is ever logged.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
@@ -61,6 +62,29 @@ CROSS_REGION = b"x-gpufleet-cross-region"
 """Set by the gateway: ``1`` when the answer goes on to a client in another region."""
 
 
+NOT_HOST = (
+    "GET /internal/load answers only the plane's agent, on the router's own host; from "
+    "elsewhere, read the plane's load from GET /metrics or its load reports on NATS"
+)
+
+
+def same_host(scope: Scope) -> bool:
+    """The client is on the router's host: it connected from a loopback address, or from
+    the address it reached the router on (an agent beside a router bound to 10.0.0.5 comes
+    from 10.0.0.5). The plane's load names its deployments and their traffic: no business
+    of a client's, wherever the router listens."""
+    client, server = scope.get("client"), scope.get("server")
+    if not client:
+        return False
+    host = client[0].removeprefix("::ffff:")  # an IPv4 peer on a dual-stack socket
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        return False
+    return server is not None and client[0] == server[0]
+
+
 class RouterApp:
     """HTTP only: parse the request, authenticate, hand it to the dispatcher, stream the
     answer back, and turn the dispatcher's typed errors into OpenAI-shaped ones."""
@@ -93,7 +117,11 @@ class RouterApp:
         elif method == "GET" and path == b"/health":
             await respond(send, 200, b"", b"text/plain")
         elif method == "GET" and path == b"/internal/load":
-            await respond(send, 200, json.dumps(self.router.load_report()).encode())
+            if same_host(scope):
+                await respond(send, 200, json.dumps(self.router.load_report()).encode())
+            else:
+                status, type_ = errors.FORBIDDEN
+                await respond(send, status, errors.error_body(NOT_HOST, type_, "not_on_this_host"))
         else:
             message = (
                 f"no route {method} {path.decode()}: use /v1/chat/completions, "

@@ -15,6 +15,7 @@ def error_body(
 
 BAD_REQUEST = 400, "invalid_request_error"
 UNAUTHORIZED = 401, "authentication_error"
+FORBIDDEN = 403, "permission_error"
 NOT_FOUND = 404, "invalid_request_error"
 QUEUE_FULL = 429, "rate_limit_error"
 NO_CAPACITY = 503, "service_unavailable_error"

@@ -112,6 +112,13 @@ def _rejection(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode() + body
 
 
+def _address(name: object) -> tuple[str, int] | None:
+    """(host, port) of a socket address; None for a Unix socket's or none."""
+    if isinstance(name, tuple) and len(name) >= 2:
+        return str(name[0]), int(name[1])
+    return None
+
+
 def _size(n: int) -> str:
     for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
         if n % scale == 0:
@@ -140,6 +147,9 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._scope: Scope | None = None
+        self.client: tuple[str, int] | None = None
+        self.local: tuple[str, int] | None = None
+        """The peer's and this end's (host, port): ASGI's ``client`` and ``server``."""
         self._keep_alive_parsed = True
         self._header_count = 0
         self._header_bytes = 0
@@ -165,6 +175,8 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
+        self.client = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -284,8 +296,8 @@ class Connection(asyncio.Protocol):
             "query_string": query,
             "root_path": "",
             "headers": self._headers,
-            "server": None,
-            "client": None,
+            "server": self.local,
+            "client": self.client,
         }
         self._keep_alive_parsed = self.parser.should_keep_alive()
         limit = self.limits.max_body_bytes

@@ -13,3 +13,18 @@ def test_a_priority_is_a_tier_name_or_a_small_number_and_anything_else_is_ignore
         assert parse_tier(odd) is None, odd
     assert choose_tier(None, 1, "²".encode(), 3) == 1  # the default tier, as without one
     assert choose_tier(0, 1, b"99", 3) == 2  # a number past the tiers: the least urgent
+
+
+def test_internal_load_is_for_clients_on_the_routers_own_host():
+    from workloadplane.router.app import same_host
+
+    def scope(client, server=("10.0.0.5", 8080)):
+        return {"client": client, "server": server}
+
+    for client in (("127.0.0.1", 5), ("127.8.9.1", 5), ("::1", 5), ("::ffff:127.0.0.1", 5),
+                   ("10.0.0.5", 5)):  # fmt: skip
+        assert same_host(scope(client)), client
+    for client in (("10.0.0.6", 5), ("::ffff:10.0.0.6", 5), ("not an address", 5), None):
+        assert not same_host(scope(client)), client
+    assert not same_host({"client": ("10.0.0.5", 5), "server": None})
+    assert not same_host({})  # a server that does not say who is asking
