@@ -43,12 +43,9 @@ def network() -> Iterator[PlaneNetwork]:
 def router() -> Iterator[int]:
     """A router listening on every address, its one replica never started (no need here)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workloadplane.router", "--host", "0.0.0.0", "--port", str(port),
-         "--replica", "chat=http://127.0.0.1:9"],  # fmt: skip
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = [sys.executable, "-m", "workloadplane.router", "--host", "0.0.0.0",
+            "--port", str(port), "--replica", "chat=http://127.0.0.1:9"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, timeout_s=60, alive=lambda: proc.poll() is None)
         yield port
