@@ -8,11 +8,13 @@ unknown fields (``extra="ignore"``); a message whose ``schema_version`` is not
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -638,6 +640,19 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply: the parser stops at about 1,000 levels") from None
+
+
+def read_small_file(path: Path, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of a regular file (the caller refuses more): a secrets
+    or keys file named on a command line. Raises OSError (``strerror`` says why) for a
+    missing file, or a FIFO, device or directory without reading it: one would block,
+    another never end."""
+    if not path.is_file():
+        if not path.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with path.open("rb") as f:
+        return f.read(limit + 1)
 
 
 def whole_number(text: str, max_digits: int = 18) -> int | None:

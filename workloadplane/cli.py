@@ -77,16 +77,27 @@ def _seconds(
 
 
 def _endpoint(url: str) -> str:
-    """``http://HOST:PORT`` (a path after it is allowed); else what to write instead."""
+    """``http://HOST:PORT`` (a path after it is allowed); else what to write instead. Plain
+    HTTP only (the router and the agent speak nothing else to a replica or a router: TLS
+    ends in front of them), a host name or IPv4 address, no user:password (never echoed)."""
     scheme, sep, rest = url.partition("://")
-    host, _, port = rest.split("/", 1)[0].rpartition(":")
+    netloc = rest.split("/", 1)[0]
+    shown = repr(url) if "@" not in netloc else "the URL"
+    host, _, port = netloc.rpartition(":")
     from controlplane.contracts import whole_number
 
     number = whole_number(port, 5)
-    if scheme not in ("http", "https") or not sep or not host or number is None:
-        raise typer.BadParameter(f"{url!r} is not a URL like http://127.0.0.1:8001")
+    if scheme == "https":
+        raise typer.BadParameter(f"{shown}: write http:// (TLS is not spoken here)")
+    if "@" in netloc:
+        raise typer.BadParameter("a URL here takes no user:password; write http://HOST:PORT")
+    if "[" in host or "]" in host:
+        raise typer.BadParameter(f"{shown}: give a host name or an IPv4 address, not IPv6")
+    odd = not host.isascii() or not host.isprintable() or " " in host
+    if scheme != "http" or not sep or not host or odd or number is None:
+        raise typer.BadParameter(f"{shown} is not a URL like http://127.0.0.1:8001")
     if not 1 <= number <= 65535:
-        raise typer.BadParameter(f"{url!r}: a port is 1 to 65535")
+        raise typer.BadParameter(f"{shown}: a port is 1 to 65535")
     return url
 
 
@@ -178,6 +189,7 @@ def agent(
     from workloadplane.reconcile import DEFAULT_DRAIN_LEAD
     from workloadplane.router.core import Router
     from workloadplane.router.remote import RemoteRouter
+    from workloadplane.router.upstream import host_port
 
     if router_url is not None and router_port is not None:
         raise typer.BadParameter("give --router-url (its own process) or --router-port, not both")
@@ -197,8 +209,7 @@ def agent(
         router: Router | None = None
         remote: RemoteRouter | None = None
         if router_url is not None:
-            host, _, port = router_url.split("://", 1)[-1].rstrip("/").rpartition(":")
-            router = remote = RemoteRouter(host or "127.0.0.1", int(port))
+            router = remote = RemoteRouter(*host_port(router_url))  # a path is dropped
         elif router_port is not None:
             router = Router()
         router_address = (router_host, router_port) if router_port is not None else None

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from controlplane.contracts import NatsCredentials
+from controlplane.contracts import NatsCredentials, read_small_file
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,15 @@ def read_credentials(path: Path, user: str, inbox_prefix: str) -> NatsCredential
     """``{"user", "password"[, "inbox_prefix"]}`` from a JSON file; ``user`` and
     ``inbox_prefix`` are the defaults where it leaves them out."""
     try:
-        raw = path.read_bytes()[: MAX_CREDENTIALS_BYTES + 1]
+        raw = read_small_file(path, MAX_CREDENTIALS_BYTES)
     except OSError as exc:
         message = f"{path}: cannot read the NATS credentials ({exc.strerror})"
         raise CredentialsFileError(message) from None
     shape = '{"user": "...", "password": "..."}'
+    if len(raw) > MAX_CREDENTIALS_BYTES:
+        raise CredentialsFileError(f"{path}: over {MAX_CREDENTIALS_BYTES} bytes; write {shape}")
     try:
-        data = json.loads(raw) if len(raw) <= MAX_CREDENTIALS_BYTES else None
+        data = json.loads(raw)
     except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):

@@ -48,7 +48,8 @@ class RouterConfig:
     tiers: int = 3
     default_tier: int = 1
     api_keys: dict[str, int] = field(default_factory=dict)
-    """API key → best tier it may use; empty means no authentication."""
+    """SHA-256 hex digest of an API key (``keys.hash_key``) → the best tier it may use;
+    empty means no authentication."""
     concurrency_override: int | None = None
     """Per-replica in-flight limit for every deployment (else its target_concurrency)."""
     probe_interval_s: float = 0.5

@@ -97,7 +97,9 @@ def read_head(
 
 
 def bearer(auth: bytes) -> str:
-    return auth[7:].decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
+    """The token of ``Bearer <token>``; the whitespace HTTP allows around it is not part of
+    it (httptools keeps a value's trailing blanks; keys have none)."""
+    return auth[7:].strip().decode(errors="replace") if auth[:7].lower() == b"bearer " else ""
 
 
 def grant_of(keys: Mapping[str, G], auth: bytes) -> G | None:

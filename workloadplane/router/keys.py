@@ -4,7 +4,8 @@ SHA-256 digests, and the keys file both read (``--api-keys-file``).
 The file is JSON ``{"<key or sha256:HEX>": {"tier": 0-2, "jurisdictions": ["DE"]}}``. A
 file that does not say exactly that is refused as a whole with a message naming the entry
 and what to change; a key itself is never echoed (an entry is named by its place in the
-file and, for a ``sha256:`` entry, the first characters of its digest).
+file and, for a well-formed ``sha256:`` entry, the first characters of its digest). A file
+that names no key is refused too: it must not turn authentication off.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from controlplane.contracts import read_small_file
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_KEY_CHARS = 4096
@@ -42,17 +45,34 @@ def hash_key(key: str) -> str:
 def load_keys(path: Path, *, tiers: int = 3) -> dict[str, KeyGrant]:
     """sha256 hex of each key → its grant, from the keys file at ``path``."""
     try:
-        raw = path.read_bytes()[: MAX_FILE_BYTES + 1]
+        raw = read_small_file(path, MAX_FILE_BYTES)
     except OSError as exc:
         raise KeysFileError(f"{path}: cannot read the API keys file ({exc.strerror})") from None
     return parse_keys(raw, str(path), tiers=tiers)
+
+
+class _Repeated(ValueError):
+    pass
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook: a name given twice in one object is refused (json.loads would
+    keep the last, so a key listed twice with two tiers got the second silently)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        raise _Repeated
+    return out
 
 
 def parse_keys(raw: bytes, where: str, *, tiers: int = 3) -> dict[str, KeyGrant]:
     if len(raw) > MAX_FILE_BYTES:
         raise KeysFileError(f"{where}: over {MAX_FILE_BYTES} bytes; split the keys up")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_once)
+    except _Repeated:
+        raise KeysFileError(
+            f"{where}: a key (or a grant's field) is given twice; give each once"
+        ) from None
     except (ValueError, RecursionError) as exc:
         raise KeysFileError(
             f"{where}: not JSON ({exc}); write "
@@ -60,10 +80,16 @@ def parse_keys(raw: bytes, where: str, *, tiers: int = 3) -> dict[str, KeyGrant]
         ) from None
     if not isinstance(data, dict):
         raise KeysFileError(f"{where}: a JSON object of key → grant, not {_kind(data)}")
+    if not data:  # an empty file must not turn authentication off
+        raise KeysFileError(
+            f"{where}: names no key; give at least one (to run without keys, leave the option out)"
+        )
     keys: dict[str, KeyGrant] = {}
     for n, (key, grant) in enumerate(data.items(), start=1):
-        name = f"{where}: entry {n}" + (f" ({key[:15]}…)" if key.startswith("sha256:") else "")
+        name = f"{where}: entry {n}"
         digest = _digest(key, name)
+        if key[:7].lower() == "sha256:":  # a digest is no secret: its start names the entry
+            name += f" (sha256:{digest[:8]}…)"
         if digest in keys:
             raise KeysFileError(f"{name}: the same key is given twice")
         keys[digest] = _grant(grant, name, tiers)
@@ -73,7 +99,7 @@ def parse_keys(raw: bytes, where: str, *, tiers: int = 3) -> dict[str, KeyGrant]
 def _digest(key: str, name: str) -> str:
     if not key or len(key) > MAX_KEY_CHARS:
         raise KeysFileError(f"{name}: a key is 1 to {MAX_KEY_CHARS} characters")
-    if key.startswith("sha256:"):
+    if key[:7].lower() == "sha256:":
         digest = key[7:].lower()
         if not _DIGEST.fullmatch(digest):
             raise KeysFileError(f"{name}: after 'sha256:' give the key's 64 hex digits")
@@ -98,7 +124,7 @@ def _grant(grant: Any, name: str, tiers: int) -> KeyGrant:
         raise KeysFileError(f"{name}: tier is an integer 0 to {tiers - 1} (0 the highest)")
     codes = grant.get("jurisdictions", [])
     if not isinstance(codes, list) or not all(
-        isinstance(c, str) and _COUNTRY.fullmatch(c.upper()) for c in codes
+        isinstance(c, str) and c.isascii() and _COUNTRY.fullmatch(c.upper()) for c in codes
     ):
         raise KeysFileError(f'{name}: jurisdictions is a list of country codes like ["DE"]')
     return KeyGrant(tier, frozenset(c.upper() for c in codes))

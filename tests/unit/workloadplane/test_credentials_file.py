@@ -51,6 +51,18 @@ def test_a_bad_file_names_what_to_change_and_never_the_password(tmp_path, data, 
     assert PASSWORD not in str(err.value)
 
 
+def test_an_oversized_missing_or_endless_file_is_refused_without_reading_it_all(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"user": "u", "password": PASSWORD + " " * 70_000}))
+    with pytest.raises(CredentialsFileError, match="over 65536 bytes") as err:
+        read_credentials(big, "u", "_I")
+    assert PASSWORD not in str(err.value)
+    with pytest.raises(CredentialsFileError, match="no such file"):
+        read_credentials(tmp_path / "missing.json", "u", "_I")
+    with pytest.raises(CredentialsFileError, match="not a regular file"):
+        read_credentials(Path("/dev/zero"), "u", "_I")  # read whole, it would never end
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -19,6 +19,10 @@ GW = ["gateway", "--name", "g", "--region", "aws-us-east-1"]
         (["router", "--replica", "=http://127.0.0.1:8001"], "write DEPLOYMENT=http://HOST:PORT"),
         (["router", "--replica", "chat=notaurl"], "is not a URL like http://127.0.0.1:8001"),
         (["router", "--replica", "chat=http://127.0.0.1:0"], "a port is 1 to 65535"),
+        (["router", "--replica", "chat=https://127.0.0.1:8001"], "write http://"),
+        (["router", "--replica", "chat=http://[::1]:8001"], "not IPv6"),
+        (["router", "--replica", "chat=http://a b:8001"], "is not a URL like"),
+        (["router", "--replica", "chat=http://u:pw@h:8001"], "takes no user:password"),
         (["router", "--port", "99999"], "65535"),
         (["router", "--port", "0"], "--port"),
         (["router", "--concurrency", "0"], "--concurrency"),
@@ -43,3 +47,16 @@ def test_a_bad_option_exits_2_naming_what_to_change(argv, says):
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_password_in_a_url_is_never_echoed():
+    result = CliRunner().invoke(app, ["router", "--replica", "chat=https://u:s3cret@h:8001"])
+    assert result.exit_code == 2 and "s3cret" not in result.output
+
+
+def test_a_router_url_with_a_path_is_taken_as_its_host_and_port():
+    from workloadplane.cli import _endpoint
+    from workloadplane.router.upstream import host_port
+
+    url = _endpoint("http://127.0.0.1:8001/v1")  # accepted, as the help says ...
+    assert host_port(url) == ("127.0.0.1", 8001)  # ... and what the agent dials

@@ -46,6 +46,10 @@ def test_keys_are_held_as_digests_with_their_tier_and_residency():
         ({SECRET + "\u0000": {}}, "a key has no spaces or control characters"),
         ({"sha256:abc": {}}, "after 'sha256:' give the key's 64 hex digits"),
         ({SECRET: {}, f"sha256:{hash_key(SECRET)}": {}}, "entry 2 (sha256:"),
+        ({SECRET: {}, f"SHA256:{hash_key(SECRET)}": {}}, "the same key is given twice"),
+        ({}, "names no key; give at least one (to run without keys, leave the option out)"),
+        ({SECRET: {"jurisdictions": ["ß"]}}, "jurisdictions is a list of country codes"),
+        ({f"sha256:{SECRET}": {}}, "after 'sha256:' give the key's 64 hex digits"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_entry_and_what_to_change(data, says):
@@ -56,6 +60,24 @@ def test_a_bad_file_is_refused_naming_the_entry_and_what_to_change(data, says):
     assert SECRET not in str(err.value)  # a key is never echoed
 
 
+def test_a_key_given_twice_is_refused_not_merged():
+    raw = f'{{"{SECRET}": {{"tier": 0}}, "{SECRET}": {{"tier": 2}}}}'.encode()
+    with pytest.raises(KeysFileError, match="given twice") as err:
+        parse_keys(raw, "keys.json")
+    assert SECRET not in str(err.value)
+    with pytest.raises(KeysFileError, match="given twice"):
+        parse_keys(f'{{"{SECRET}": {{"tier": 0, "tier": 2}}}}'.encode(), "keys.json")
+
+
+def test_the_bearer_token_is_read_without_the_blanks_http_allows_around_it():
+    from workloadplane.router.front import bearer, grant_of
+
+    grants = keys({SECRET: {"tier": 0}})
+    for auth in (f"Bearer {SECRET}", f"bearer {SECRET} ", f"Bearer  {SECRET}\t"):
+        assert grant_of(grants, auth.encode()) == KeyGrant(0, frozenset()), auth
+    assert bearer(b"Bearer") == "" and bearer(b"Basic abc") == ""
+
+
 def test_not_json_oversized_or_unreadable_files_are_refused(tmp_path: Path):
     with pytest.raises(KeysFileError, match="not JSON"):
         parse_keys(b"{'k': 1}", "keys.json")
@@ -63,8 +85,12 @@ def test_not_json_oversized_or_unreadable_files_are_refused(tmp_path: Path):
         parse_keys(b"[" * 100_000, "keys.json")  # nested past the parser's limit
     with pytest.raises(KeysFileError, match="over 1048576 bytes"):
         parse_keys(b" " * (1024 * 1024 + 1), "keys.json")
-    with pytest.raises(KeysFileError, match="cannot read the API keys file"):
+    with pytest.raises(KeysFileError, match=r"cannot read the API keys file \(no such file\)"):
         load_keys(tmp_path / "missing.json")
+    with pytest.raises(
+        KeysFileError, match=r"cannot read the API keys file \(not a regular file\)"
+    ):
+        load_keys(Path("/dev/zero"))  # read whole, it would never end
 
 
 @pytest.mark.parametrize("command", [["router"], ["gateway", "--name", "g", "--region", "r"]])
