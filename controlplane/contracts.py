@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -140,6 +141,26 @@ class Model(BaseModel):
 ClusterName = Annotated[str, Field(pattern=CLUSTER_NAME_RE.pattern)]
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:  # PostgreSQL's text refuses it: the report would fail for ever
+        raise ValueError("a NUL character is not allowed")
+    return value
+
+
+def _utc(value: datetime) -> datetime:
+    """A time without a zone is taken as UTC (it could not be compared with ours)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# What a plane reports is bounded to what the database keeps (names and ids 128 characters,
+# BIGINT counters) and holds no NUL: a value the database refuses would make the report
+# fail on every redelivery (controlplane/services/observed.py keeps a net under this).
+Id = Annotated[str, Field(max_length=128), AfterValidator(_no_nul)]
+Text = Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+When = Annotated[datetime, AfterValidator(_utc)]
+
+
 class Envelope(Model):
     """Fields every message carries. ``id`` doubles as the JetStream ``Nats-Msg-Id``."""
 
@@ -147,7 +168,7 @@ class Envelope(Model):
     type: str
     schema_version: int = SCHEMA_VERSION
     source: str = Field(pattern=r"^(controlplane|cluster/[a-z0-9-]+)$")
-    time: datetime = Field(default_factory=utcnow)
+    time: When = Field(default_factory=utcnow)
     cluster: ClusterName
 
 
@@ -250,14 +271,14 @@ ReplicaState = Literal["starting", "ready", "draining", "failed"]
 
 
 class ReplicaStatus(Model):
-    replica_id: str
-    deployment: str
-    revision: str
+    replica_id: Id
+    deployment: Id
+    revision: Id
     state: ReplicaState
-    endpoint: str | None = None
-    started_at: datetime | None = None
-    pool: str | None = Field(default=None, description="capacity pool whose GPUs it uses")
-    instance: str | None = Field(default=None, description="provider instance id it runs on")
+    endpoint: Annotated[str, Field(max_length=255), AfterValidator(_no_nul)] | None = None
+    started_at: When | None = None
+    pool: Id | None = Field(default=None, description="capacity pool whose GPUs it uses")
+    instance: Id | None = Field(default=None, description="provider instance id it runs on")
     serves: str = Field(
         default="",
         max_length=128,
@@ -283,13 +304,12 @@ class TokenCounters(Model):
     increments, so that a lost or repeated heartbeat neither loses nor doubles a token.
     Counts only: never a prompt or a completion."""
 
-    since: str = Field(max_length=64)
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    response_bytes: int = Field(default=0, ge=0)
-    cross_region_bytes: int = Field(
+    since: Annotated[str, Field(max_length=64), AfterValidator(_no_nul)]
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    response_bytes: Count = 0
+    cross_region_bytes: Count = Field(
         default=0,
-        ge=0,
         description="of those, bytes of answers a gateway sent to a client in "
         "another region (added within v1)",
     )
@@ -317,29 +337,28 @@ class OutcomeCounters(Model):
     ``since`` (a restarted router starts again from zero): counters, so a window is the
     difference of two reports. Counts only, never content."""
 
-    since: str = Field(max_length=64)
-    requests: int = Field(default=0, ge=0)
-    errors: int = Field(default=0, ge=0, description="5xx answers and engine errors mid-stream")
-    ttft_buckets: list[int] = Field(
+    since: Annotated[str, Field(max_length=64), AfterValidator(_no_nul)]
+    requests: Count = 0
+    errors: Count = Field(default=0, description="5xx answers and engine errors mid-stream")
+    ttft_buckets: list[Count] = Field(
         default_factory=list,
         max_length=len(LATENCY_BUCKETS_S) + 1,
         description="requests by time to first byte, per LATENCY_BUCKETS_S (+ the rest)",
     )
-    e2e_buckets: list[int] = Field(
+    e2e_buckets: list[Count] = Field(
         default_factory=list,
         max_length=len(LATENCY_BUCKETS_S) + 1,
         description="requests by end-to-end time, per LATENCY_BUCKETS_S (+ the rest)",
     )
-    dropped: int = Field(
+    dropped: Count = Field(
         default=0,
-        ge=0,
         description="a shadow lane's copies the router dropped (too many in flight, or its "
         "queue full): never sent, not in ``requests`` (added within v1)",
     )
 
 
 class DeploymentObserved(Model):
-    name: str
+    name: Id
     demand: int = Field(default=0, ge=0, description="replicas the autoscaler wants, even > max")
     in_flight: int = Field(default=0, ge=0)
     queue_depth: int = Field(default=0, ge=0)
@@ -361,8 +380,8 @@ class FreeCapacity(Model):
     deployment, that the desired state puts in this pool but that cannot start for lack of
     GPUs (placement moves them elsewhere)."""
 
-    gpu_type: str
-    pool: str | None = None
+    gpu_type: Id
+    pool: Id | None = None
     gpus: int = Field(ge=0)
     total_gpus: int | None = Field(
         default=None, ge=0, description="GPUs the plane can use in this pool (None: unknown)"
@@ -507,7 +526,7 @@ class ObservedState(Envelope):
     type: Literal["observed_state"] = "observed_state"
     observed_generation: int = Field(default=0, ge=0)
     observed_epoch: int = Field(default=0, ge=0, description="epoch of observed_generation")
-    agent_version: str = ""
+    agent_version: Annotated[str, Field(max_length=32), AfterValidator(_no_nul)] = ""
     replicas: list[ReplicaStatus] = Field(default_factory=list)
     deployments: list[DeploymentObserved] = Field(default_factory=list)
     free_capacity: list[FreeCapacity] = Field(default_factory=list)
@@ -521,38 +540,38 @@ class ReplicaStarted(Envelope):
 class ReplicaFailed(Envelope):
     type: Literal["replica_failed"] = "replica_failed"
     replica: ReplicaStatus
-    reason: str = ""
+    reason: Text = ""
 
 
 class SpotInterruptionNoticed(Envelope):
     type: Literal["spot_interruption_noticed"] = "spot_interruption_noticed"
-    instance_id: str
-    pool: str | None = None
-    deadline: datetime | None = None
+    instance_id: Id
+    pool: Id | None = None
+    deadline: When | None = None
 
 
 class NodeUnhealthy(Envelope):
     type: Literal["node_unhealthy"] = "node_unhealthy"
-    instance_id: str
-    reason: str = ""
+    instance_id: Id
+    reason: Text = ""
 
 
 class CapacityExhausted(Envelope):
     type: Literal["capacity_exhausted"] = "capacity_exhausted"
-    deployment: str
-    pool: str | None = None
+    deployment: Id
+    pool: Id | None = None
     wanted: int = Field(default=0, ge=0)
-    reason: str = ""
+    reason: Text = ""
 
 
 class ReplicasScaled(Envelope):
     """The plane's autoscaler changed a deployment's replica count inside its quota."""
 
     type: Literal["replicas_scaled"] = "replicas_scaled"
-    deployment: str
+    deployment: Id
     from_replicas: int = Field(default=0, ge=0)
     to_replicas: int = Field(default=0, ge=0)
-    reason: str = ""
+    reason: Text = ""
     panic: bool = False
 
 
@@ -568,9 +587,9 @@ class DeploymentKept(Envelope):
     it or places it again."""
 
     type: Literal["deployment_kept"] = "deployment_kept"
-    deployment: str
-    until: datetime
-    reason: str = ""
+    deployment: Id
+    until: When
+    reason: Text = ""
 
 
 class PlaneLoad(Envelope):

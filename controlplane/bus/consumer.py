@@ -230,6 +230,10 @@ class ReportConsumer:
                 rejected = await self._sink.record_observed(cluster, report, received_at)
             else:
                 rejected = await self._sink.record_fact(cluster, report, received_at)
+        except RejectedMessageError as exc:  # the sink found it bad: never worth a retry
+            _reject(msg.subject, exc.reason, exc.detail)
+            await msg.term()
+            return
         except Exception:
             SINK_FAILURES.inc()
             log.exception("sink failed on %s %s; redelivering", report.type, report.id)

@@ -39,7 +39,9 @@ def note_interruption(
         return False
     pool = session.get_one(Pool, inst.pool_id)
     notice = pool.notice_seconds or (policy or Policy()).default_notice_s
-    until = deadline or now + timedelta(seconds=notice)
+    # a deadline already past means now (a reported one could be year 1, which the
+    # agent's drain-lead arithmetic cannot take)
+    until = max(deadline, now) if deadline is not None else now + timedelta(seconds=notice)
     inst.state, inst.drain_deadline = "draining", until
     event(
         session,

@@ -10,12 +10,14 @@ minute) and the rest of the report still counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane import rollouts as canary
@@ -25,6 +27,7 @@ from controlplane.contracts import (
     Fact,
     NodeUnhealthy,
     ObservedState,
+    RejectedMessageError,
     ReplicaFailed,
     ReplicasScaled,
     ReplicaStarted,
@@ -74,13 +77,17 @@ class DbSink:
         self, cluster: str, state: ObservedState, received_at: datetime
     ) -> list[str]:
         """Returns the reasons of what was rejected (one per rejected part)."""
-        reason, rejected = await asyncio.to_thread(self._observed, cluster, state, received_at)
+        with _refused_by_the_database(state):
+            reason, rejected = await asyncio.to_thread(self._observed, cluster, state, received_at)
         if reason:
             self._on_change(reason)
         return rejected
 
     async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
-        reason, rejected = await asyncio.to_thread(self._checked_fact, cluster, fact, received_at)
+        with _refused_by_the_database(fact):
+            reason, rejected = await asyncio.to_thread(
+                self._checked_fact, cluster, fact, received_at
+            )
         if reason:
             self._on_change(reason)
         return rejected
@@ -156,6 +163,10 @@ class DbSink:
                 why = check_replica(fact.replica, given)
                 if why is not None:
                     return None, self._reject(session, cluster, [why], received_at)
+            if isinstance(fact, SpotInterruptionNoticed | NodeUnhealthy):
+                why = _instance_not_held(session, cluster, fact.instance_id)
+                if why is not None:  # a plane speaks only of its own machines
+                    return None, self._reject(session, cluster, [why], received_at)
             session.add(_event_for(cluster, fact, received_at))
             if isinstance(fact, DesiredStateApplied):
                 epochs.note_applied(session, cluster, fact.epoch, fact.generation)
@@ -173,6 +184,30 @@ class DbSink:
             if fact.type in ("spot_interruption_noticed", "node_unhealthy", "capacity_exhausted"):
                 return fact.type, []
             return None, []
+
+
+@contextlib.contextmanager
+def _refused_by_the_database(report: ObservedState | Fact) -> Iterator[None]:
+    """A value the database refuses (too long for its column, out of its range, a NUL) is a
+    bad report, not a failure to retry: redelivered, it would fail for ever and hold the
+    reports stream's ack floor, and with it every plane's liveness (docs/bus.md). The
+    contracts bound what they can; this is the net under them."""
+    try:
+        yield
+    except DataError as exc:
+        detail = f"{report.type} {report.id}: the database refused a value ({exc.orig!r})"
+        raise RejectedMessageError("invalid_value", detail[:300]) from None
+
+
+def _instance_not_held(session: Session, cluster: Cluster, ref: str) -> Rejection | None:
+    """Why a plane's notice about instance ``ref`` may not count: it names a machine held
+    for another cluster (or none), which it could otherwise drain, cordon or get released."""
+    inst = procurement.find_instance(session, ref)
+    if inst is not None and inst.cluster_id == cluster.id:
+        return None
+    return Rejection(
+        "instance_not_given", f"notice on instance {ref[:128]}", "it is not held for this cluster"
+    )
 
 
 def given_to(session: Session, cluster: Cluster) -> Given:

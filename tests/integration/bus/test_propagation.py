@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.bus import InMemorySink, ReportConsumer, publish_desired
-from controlplane.contracts import DesiredStateApplied, ReplicaStarted, desired_key, encode
+from controlplane.contracts import (
+    DesiredStateApplied,
+    RejectedMessageError,
+    ReplicaStarted,
+    desired_key,
+    encode,
+)
 from tests.integration.bus.builders import make_desired, start_agent
 from tests.integration.bus.conftest import Bus, eventually
 
@@ -184,6 +190,50 @@ async def test_a_failed_write_is_redelivered_and_counted_and_delay_measured(bus:
         assert delays - before["delays"] == 1  # the first delivery's, not the retry's
         progress = await consumer.progress()
         assert sample("gpufleet_bus_pending_messages") == progress.pending == 0
+    finally:
+        await agent_nc.close()
+        await consumer.stop()
+
+
+class _RefusesOnce(InMemorySink):
+    """The database refuses a value of the first report (DbSink turns that into a rejection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def record_fact(self, cluster, fact, received_at):  # type: ignore[override]
+        self.calls += 1
+        if self.calls == 1:
+            raise RejectedMessageError("invalid_value", "the database refused a value")
+        return await super().record_fact(cluster, fact, received_at)
+
+
+async def test_a_report_the_sink_refuses_is_dropped_and_counted_not_retried_for_ever(bus: Bus):
+    """A poison report (one the database refuses on every try) redelivered for ever would
+    hold the stream's ack floor, and with it every plane's liveness."""
+    from prometheus_client import REGISTRY
+
+    def rejected() -> float:
+        labels = {"reason": "invalid_value"}
+        return REGISTRY.get_sample_value("gpufleet_bus_rejected_messages_total", labels) or 0.0
+
+    before = rejected()
+    sink = _RefusesOnce()
+    consumer = ReportConsumer(bus.js, sink, durable="poison-test", redeliver_delay_s=0.1)
+    await consumer.start()
+    agent_nc = await bus.connect(bus.clusters["a"])
+    try:
+        js = agent_nc.jetstream()
+        for g in (1, 2):
+            fact = DesiredStateApplied(cluster="a", source="cluster/a", generation=g)
+            await js.publish(f"gpufleet.v1.cluster.a.fact.{fact.type}", encode(fact))
+        await eventually(lambda: len(sink.facts) == 1, what="the second fact")
+        assert [f.generation for _, f in sink.facts] == [2]  # type: ignore[union-attr]
+        assert rejected() - before == 1
+        progress = await consumer.progress()  # nothing left to redeliver
+        assert progress.pending == 0 and progress.ack_floor == progress.stream_last_seq
+        assert sink.calls == 2
     finally:
         await agent_nc.close()
         await consumer.stop()

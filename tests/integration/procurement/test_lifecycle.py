@@ -94,6 +94,35 @@ def test_the_agents_spot_fact_drains_the_instance(factory, deps, fleet, sent):
     assert (inst.state, inst.drain_deadline) == ("draining", deadline)
 
 
+def test_a_plane_cannot_drain_or_cordon_another_planes_instance(factory, deps, fleet, sent):
+    """Notices name an instance by id: one held for another cluster (or a made-up id) is
+    refused and counted, and the instance is left as it was (before, plane-2 could drain
+    plane-1's machine with a deadline in the past, and have it released)."""
+    pool = fleet.pool(purchase="spot")
+    carry_out(deps, plan(deps, {pool: 8}))
+    (inst,) = instances(factory, pool)
+    before = (inst.state, inst.health, inst.drain_deadline)
+    assert before[0] == "running"
+    with transaction(factory) as s:
+        s.add(m.Cluster(name="plane-2", region_id=fleet.region_id, state="healthy"))
+    sink = DbSink(factory)
+    ref = str(inst.provider_instance_id)
+    common = {"source": "cluster/plane-2", "cluster": "plane-2", "instance_id": ref}
+    past = datetime(1, 1, 1, tzinfo=deps.clock().tzinfo)
+    for fact in (SpotInterruptionNoticed(**common, deadline=past),
+                 NodeUnhealthy(**common, reason="forged")):  # fmt: skip
+        assert sink._checked_fact("plane-2", fact, deps.clock()) == (None, ["instance_not_given"])
+    made_up = SpotInterruptionNoticed(**{**common, "instance_id": "i-nobody"})
+    assert sink._checked_fact("plane-2", made_up, deps.clock()) == (None, ["instance_not_given"])
+    held = instance(factory, inst.id)
+    assert (held.state, held.health, held.drain_deadline) == before
+    # its own plane's notice still counts, and a deadline already past means now
+    own = SpotInterruptionNoticed(source="cluster/plane-1", cluster="plane-1",
+                                  instance_id=ref, deadline=past)  # fmt: skip
+    assert sink._fact("plane-1", own, deps.clock()) == "spot_interruption_noticed"
+    assert instance(factory, inst.id).drain_deadline == deps.clock()
+
+
 def test_a_bad_node_is_replaced_but_an_outage_stops_replacement(factory, deps, fleet, sent):
     pool = fleet.pool(gpi=8)
     carry_out(deps, plan(deps, {pool: 16}))

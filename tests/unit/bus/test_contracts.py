@@ -178,3 +178,65 @@ def test_whole_number_takes_only_ascii_digits_within_its_bound():
     assert c.whole_number("123", max_digits=2) is None
     for text in ("\u00b2", "\u0663", "-1", " 1", "1.0", "", "1" * 5000):  # int() fails on some
         assert c.whole_number(text) is None, text
+
+
+def _report(**fields) -> bytes:
+    base = {"source": "cluster/p1", "cluster": "p1"}
+    return json.dumps({**base, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"type": "observed_state", "agent_version": "v\u0000"},  # PostgreSQL refuses NUL
+        {"type": "observed_state", "agent_version": "v" * 33},  # its column is 32
+        {"type": "node_unhealthy", "instance_id": "i" * 129},
+        {"type": "node_unhealthy", "instance_id": "i-1", "reason": "r" * 1025},
+        {
+            "type": "replica_failed",
+            "replica": {
+                "replica_id": "r\u0000",
+                "deployment": "d",
+                "revision": "1",
+                "state": "failed",
+            },
+        },
+        {
+            "type": "observed_state",
+            "deployments": [{"name": "d", "usage": {"since": "s", "input_tokens": 2**63}}],
+        },  # past BIGINT
+        {
+            "type": "observed_state",
+            "deployments": [
+                {"name": "d", "outcomes": {"since": "s", "requests": 5, "ttft_buckets": [3, -9]}}
+            ],
+        },
+    ],
+)
+def test_a_report_the_database_could_not_keep_is_rejected_at_the_door(fields):
+    """Accepted, it would fail in the database on every redelivery and hold the reports
+    stream's ack floor (and every plane's liveness) for ever; a negative latency bucket
+    would hide another plane's slow requests from a canary's p99 gate."""
+    with pytest.raises(c.RejectedMessageError):
+        c.decode_report(_report(**fields))
+
+
+def test_a_report_time_without_a_zone_is_taken_as_utc():
+    naive = c.decode_report(_report(type="node_unhealthy", instance_id="i-1",
+                                    time="2026-12-07T08:00:00", deadline=None))  # fmt: skip
+    assert naive.time.utcoffset() is not None
+    spot = c.decode_report(_report(type="spot_interruption_noticed", instance_id="i-1",
+                                   deadline="2026-12-07T08:02:00"))  # fmt: skip
+    assert isinstance(spot, c.SpotInterruptionNoticed)
+    assert spot.deadline is not None and spot.deadline.utcoffset() is not None
+
+
+def test_a_value_the_database_refuses_becomes_a_rejected_report_not_a_retry():
+    from sqlalchemy.exc import DataError
+
+    from controlplane.services.observed import _refused_by_the_database
+
+    fact = c.NodeUnhealthy(source="cluster/p1", cluster="p1", instance_id="i-1")
+    with pytest.raises(c.RejectedMessageError) as err, _refused_by_the_database(fact):
+        raise DataError("INSERT …", {}, ValueError("value too long for type character(32)"))
+    assert err.value.reason == "invalid_value" and str(fact.id) in err.value.detail
