@@ -29,9 +29,9 @@ from controlplane.bus import (
 from controlplane.bus_process import run_bus
 from controlplane.contracts import (
     DESIRED_BUCKET,
+    CapacityExhausted,
     DesiredState,
     NatsCredentials,
-    NodeUnhealthy,
     desired_key,
     encode,
     observed_subject,
@@ -289,13 +289,14 @@ async def test_rejected_messages_are_counted_on_both_metrics_endpoints(
 async def test_an_event_keeps_the_time_its_fact_happened(admin, fleet, session_factory):
     sink = DbSink(session_factory)
     received = datetime.now(UTC)
-    late = NodeUnhealthy(cluster=CLUSTER, source=f"cluster/{CLUSTER}", instance_id="i-1",
-                         time=received - timedelta(seconds=90))  # fmt: skip
-    ahead = NodeUnhealthy(cluster=CLUSTER, source=f"cluster/{CLUSTER}", instance_id="i-2",
-                          time=received + timedelta(hours=3))  # fmt: skip
+    late = CapacityExhausted(cluster=CLUSTER, source=f"cluster/{CLUSTER}", deployment="d-1",
+                             time=received - timedelta(seconds=90))  # fmt: skip
+    ahead = CapacityExhausted(cluster=CLUSTER, source=f"cluster/{CLUSTER}", deployment="d-2",
+                              time=received + timedelta(hours=3))  # fmt: skip
     for fact in (late, ahead):
         await sink.record_fact(CLUSTER, fact, received)
-    events = {e["id"]: e for e in admin.get("events", type="NodeUnhealthy").json()["items"]}
+    listed = admin.get("events", type="CapacityExhausted").json()["items"]
+    events = {e["id"]: e for e in listed}
     shown = {
         k: (datetime.fromisoformat(e["time"]), datetime.fromisoformat(e["occurred_at"]))
         for k, e in events.items()
