@@ -470,20 +470,30 @@ class RoutingTable(Model):
         return (self.epoch, self.generation)
 
 
+LOAD_MAX = 10**9
+
+
 class DeploymentLoad(Model):
     """One deployment's load on one plane, as its router sees it now."""
 
-    name: str
-    ready_replicas: int = Field(default=0, ge=0)
-    starting_replicas: int = Field(default=0, ge=0)
-    in_flight: int = Field(default=0, ge=0)
-    queue_depth: int = Field(default=0, ge=0)
+    # bounded far above any plane: a gateway ranks with these numbers (10**400 overflowed
+    # its float arithmetic and failed every request of the deployment)
+    name: Id
+    ready_replicas: int = Field(default=0, ge=0, le=LOAD_MAX)
+    starting_replicas: int = Field(default=0, ge=0, le=LOAD_MAX)
+    in_flight: int = Field(default=0, ge=0, le=LOAD_MAX)
+    queue_depth: int = Field(default=0, ge=0, le=LOAD_MAX)
     capacity: int = Field(
-        default=0, ge=0, description="requests it can run at once (ready replicas x concurrency)"
+        default=0,
+        ge=0,
+        le=LOAD_MAX,
+        description="requests it can run at once (ready replicas x concurrency)",
     )
-    ttft_seconds: float | None = Field(default=None, ge=0, description="recent median TTFT")
+    ttft_seconds: float | None = Field(
+        default=None, ge=0, le=86_400, description="recent median TTFT"
+    )
     service_rate: float = Field(
-        default=0.0, ge=0, description="requests completed per second, recent window"
+        default=0.0, ge=0, le=LOAD_MAX, description="requests completed per second, recent window"
     )
 
 
@@ -596,8 +606,14 @@ class PlaneLoad(Envelope):
     """Plane -> gateways, >= 1 Hz on ``plane_load_subject(cluster)`` (core NATS)."""
 
     type: Literal["plane_load"] = "plane_load"
-    sequence: int = Field(default=0, ge=0, description="increases by one per report")
-    interval_seconds: float = Field(default=1.0, gt=0, description="the publisher's period")
+    sequence: int = Field(default=0, ge=0, le=2**63 - 1, description="increases by one per report")
+    interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="the publisher's period (at most a minute: a gateway counts missed "
+        "reports by it)",
+    )
     deployments: list[DeploymentLoad] = Field(default_factory=list)
 
 

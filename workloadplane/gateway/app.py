@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,13 +244,17 @@ class GatewayApp:
             names = ", ".join(sorted(self.state.routes)) or "none"
             message = f"the model `{model}` does not exist in this fleet; models: {names}"
             return Refusal(head, path, errors.NOT_FOUND, message, "model_not_found")
-        asked = _jurisdictions(head, grant)
+        wanted = parse_jurisdictions(head.wanted.get(JURISDICTION, b"").decode(errors="replace"))
+        if wanted is None:
+            return Refusal(
+                head, path, errors.BAD_REQUEST, NOT_JURISDICTIONS, "invalid_jurisdiction", model
+            )
+        asked = _jurisdictions(wanted, grant)
         if asked is None:
+            assert grant is not None  # without a key every valid list is allowed
             message = (
-                f"x-gpufleet-jurisdiction asks for {head.wanted[JURISDICTION].decode()!r}, "
-                f"outside what this API key may use ({', '.join(sorted(grant.jurisdictions))})"
-                if grant
-                else "x-gpufleet-jurisdiction is not a list of country codes"
+                f"x-gpufleet-jurisdiction asks for {','.join(sorted(wanted))}, outside what "
+                f"this API key may use ({', '.join(sorted(grant.jurisdictions))})"
             )
             return Refusal(
                 head, path, errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model
@@ -550,11 +555,15 @@ class GatewayApp:
         query = parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
         model = (query.get("model") or [""])[0]
         region = (query.get("region") or [None])[0]
-        asked = frozenset(
-            j.strip().upper()
-            for j in (query.get("jurisdiction") or [""])[0].split(",")
-            if j.strip()
-        )
+        asked = parse_jurisdictions((query.get("jurisdiction") or [""])[0])
+        if asked is None:
+            body = errors.error_body(
+                NOT_JURISDICTIONS.replace("x-gpufleet-jurisdiction", "?jurisdiction="),
+                "invalid_request_error",
+                "invalid_jurisdiction",
+            )
+            await respond(send, 400, body)
+            return
         choice = self.state.choose(model, region, asked)
         if choice is None:
             names = ", ".join(sorted(self.state.routes)) or "none"
@@ -754,14 +763,32 @@ class _Relay:
             self.upstream.close()
 
 
-def _jurisdictions(head: RequestHead, grant: KeyGrant | None) -> frozenset[str] | None:
+MAX_JURISDICTIONS = 16
+NOT_JURISDICTIONS = (
+    f"x-gpufleet-jurisdiction is a comma-separated list of at most {MAX_JURISDICTIONS} "
+    "two-letter country codes (ISO 3166-1), like 'DE,FR'"
+)
+_COUNTRY = re.compile(r"[A-Z]{2}")
+
+
+def parse_jurisdictions(raw: str) -> frozenset[str] | None:
+    """The country codes of an ``x-gpufleet-jurisdiction`` value (None: not a list of at
+    most MAX_JURISDICTIONS two-letter codes). Bounded: each distinct list is a key of the
+    gateway's ranking cache and is named in its answers."""
+    codes = [j.strip().upper() for j in raw.split(",", MAX_JURISDICTIONS + 1) if j.strip()]
+    if len(codes) > MAX_JURISDICTIONS or not all(
+        c.isascii() and _COUNTRY.fullmatch(c) for c in codes
+    ):
+        return None
+    return frozenset(codes)
+
+
+def _jurisdictions(asked: frozenset[str], grant: KeyGrant | None) -> frozenset[str] | None:
     """The request's residency: the header's codes within the key's (None: it asks for one
     the key may not use)."""
-    raw = head.wanted.get(JURISDICTION, b"").decode(errors="replace")
-    if not raw and grant is None:
-        return frozenset()  # the usual request: no residency asked, no key's
-    asked = frozenset(j.strip().upper() for j in raw.split(",") if j.strip())
-    own = grant.jurisdictions if grant is not None else frozenset()
+    if grant is None:
+        return asked  # no key's own: what the header asks (usually nothing)
+    own = grant.jurisdictions
     if asked and own:
         return asked if asked <= own else None
     return asked or own

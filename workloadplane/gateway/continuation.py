@@ -78,6 +78,8 @@ class StreamTracker:
     earlier_tokens: int = 0
     """Tokens of the segments before the current one (added to the final usage)."""
     tool_call: bool = False
+    finished: bool = False
+    """A choice said why it stopped (``finish_reason``): nothing is left to generate."""
     done: bool = False
     upstream_error: str = ""
     """The error event a plane ended its stream with (a replica died inside it)."""
@@ -128,12 +130,15 @@ class StreamTracker:
         self._buffer = b""
         self.earlier_tokens = self.tokens
         self.segment += 1
+        self.upstream_error = ""
 
     def _take(self, raw: bytes) -> bytes | None:
         line = raw.strip()
         if not line:
             return None
         if line == DONE:
+            if self.upstream_error:  # vLLM ends a failed stream with its error and [DONE]:
+                return None  # not an end, and the client must not take it for one
             self.done = True
             return line
         if not line.startswith(b"data:"):
@@ -154,6 +159,8 @@ class StreamTracker:
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
+            if choice.get("finish_reason"):
+                self.finished = True
             if self.chat:
                 delta = choice.get("delta") or {}
                 if delta.get("tool_calls"):
@@ -212,7 +219,10 @@ def _count(usage: dict[str, Any], key: str) -> int:
 def continuation(
     path: str, payload: dict[str, Any], tracker: StreamTracker
 ) -> dict[str, Any] | None:
-    """The body that continues the stream (None: nothing is left to generate)."""
+    """The body that continues the stream (None: nothing is left to generate: the answer
+    said why it stopped, or every token asked for was delivered)."""
+    if tracker.finished:  # continued, it would answer twice (a second finish and usage)
+        return None
     body = dict(payload)
     text, used = tracker.delivered, tracker.tokens
     for key in ("max_tokens", "max_completion_tokens"):

@@ -240,3 +240,17 @@ def test_a_value_the_database_refuses_becomes_a_rejected_report_not_a_retry():
     with pytest.raises(c.RejectedMessageError) as err, _refused_by_the_database(fact):
         raise DataError("INSERT …", {}, ValueError("value too long for type character(32)"))
     assert err.value.reason == "invalid_value" and str(fact.id) in err.value.detail
+
+
+@pytest.mark.parametrize(
+    "load",
+    [
+        {"deployments": [{"name": "chat", "capacity": 10**400}]},  # overflowed the ranking
+        {"deployments": [{"name": "chat", "service_rate": "Infinity"}]},
+        {"interval_seconds": 1e308},  # a plane that stops would never be missed
+    ],
+)
+def test_a_plane_load_report_a_gateway_could_not_rank_with_is_refused(load):
+    raw = json.dumps({"source": "cluster/p1", "cluster": "p1", "type": "plane_load", **load})
+    with pytest.raises(c.RejectedMessageError):
+        c.decode_plane_load(raw.encode())

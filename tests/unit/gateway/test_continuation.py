@@ -163,3 +163,23 @@ def test_the_whole_streams_usage_has_the_first_prompt_and_every_completion_token
     assert len(out) == 2  # the continuation's role chunk dropped
     whole = {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12}
     assert [json.loads(e[6:])["usage"] for e in out] == [whole, whole]
+
+
+def test_an_engine_error_then_done_is_a_break_not_an_end():
+    """vLLM ends a stream that failed mid-way with its error event and ``[DONE]``: passed
+    on, the client would take a cut answer for a whole one."""
+    t = StreamTracker(chat=True)
+    error = {"error": {"message": "engine died", "type": "internal_server_error", "code": 500}}
+    assert t.feed(delta(" a") + event(error) + b"data: [DONE]\n\n") == [delta(" a")]
+    assert t.upstream_error == "engine died" and not t.done
+    t.next_segment()  # continued elsewhere: that segment's [DONE] ends the stream
+    assert t.feed(delta(" b") + b"data: [DONE]\n\n")[-1] == b"data: [DONE]\n\n"
+    assert t.done and t.delivered == " a b"
+
+
+def test_an_answer_that_said_why_it_stopped_is_not_continued():
+    t = StreamTracker(chat=True)
+    stop = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    t.feed(delta(" a") + stop)  # then the plane dies before [DONE]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    assert t.finished and continuation(CHAT, body, t) is None  # [DONE] goes out instead

@@ -373,3 +373,19 @@ async def test_with_keys_every_route_but_health_and_metrics_wants_one(fleet):
     status, _, body = await client.answer()
     assert status == 503 and "DE" in json.loads(body)["error"]["message"]
     assert a.requests == 2  # only the first request and k-us's reached a plane
+
+
+async def test_a_jurisdiction_header_must_be_a_short_list_of_country_codes(fleet):
+    """Each distinct list keys the gateway's ranking cache and is named in its answers: a
+    60 KB header of made-up codes held ~1.6 MB per request there before it was bounded."""
+    front, _, _, client = fleet
+    for bad in (b",".join(b"Q%c" % (65 + i % 26) for i in range(17)), b"DEU", b"D\xc3\xa9"):
+        client.send(extra=b"x-gpufleet-jurisdiction: %s\r\n" % bad)
+        status, _, body = await client.answer()
+        error = json.loads(body)["error"]
+        assert status == 400 and error["code"] == "invalid_jurisdiction", bad
+        assert "two-letter country codes" in error["message"]
+    assert not any("DEU" in str(key) for key in front.state._choices)
+    client.send(extra=b"x-gpufleet-jurisdiction: us, US\r\n")  # a valid list still routes
+    status, headers, _ = await client.answer()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
