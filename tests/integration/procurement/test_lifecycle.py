@@ -107,13 +107,14 @@ def test_a_plane_cannot_drain_or_cordon_another_planes_instance(factory, deps, f
         s.add(m.Cluster(name="plane-2", region_id=fleet.region_id, state="healthy"))
     sink = DbSink(factory)
     ref = str(inst.provider_instance_id)
-    common = {"source": "cluster/plane-2", "cluster": "plane-2", "instance_id": ref}
     past = datetime(1, 1, 1, tzinfo=deps.clock().tzinfo)
-    for fact in (SpotInterruptionNoticed(**common, deadline=past),
-                 NodeUnhealthy(**common, reason="forged")):  # fmt: skip
+    other = {"source": "cluster/plane-2", "cluster": "plane-2"}
+    for fact in (
+        SpotInterruptionNoticed.model_validate({**other, "instance_id": ref, "deadline": past}),
+        NodeUnhealthy.model_validate({**other, "instance_id": ref, "reason": "forged"}),
+        SpotInterruptionNoticed.model_validate({**other, "instance_id": "i-nobody"}),
+    ):
         assert sink._checked_fact("plane-2", fact, deps.clock()) == (None, ["instance_not_given"])
-    made_up = SpotInterruptionNoticed(**{**common, "instance_id": "i-nobody"})
-    assert sink._checked_fact("plane-2", made_up, deps.clock()) == (None, ["instance_not_given"])
     held = instance(factory, inst.id)
     assert (held.state, held.health, held.drain_deadline) == before
     # its own plane's notice still counts, and a deadline already past means now
