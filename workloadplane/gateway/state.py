@@ -271,7 +271,7 @@ class GatewayState:
     def restore(self) -> bool:
         """Route from the persisted table (before NATS answers); True if there was one."""
         table = self.store.load() if self.store is not None else None
-        if table is None:
+        if table is None or _unreachable_endpoint(table) is not None:
             return False
         self._install(table)
         log.info("routing from the persisted table %s", table.version)
@@ -289,12 +289,18 @@ class GatewayState:
             if table.version < self.table.version:
                 self.metrics.rejected.labels("routing_table", "older").inc()
             return False
+        bad = _unreachable_endpoint(table)
+        if bad is not None:  # refused whole: a half-installed table routed to no plane
+            self.metrics.rejected.labels("routing_table", "bad_endpoint").inc()
+            log.warning("rejected a routing table %s: %s", table.version, bad)
+            return False
         self._install(table)
         if self.store is not None:
             self.store.save(data)
         return True
 
     def _install(self, table: RoutingTable) -> None:
+        """Routes from ``table`` (its endpoints checked by ``_unreachable_endpoint``)."""
         self.table = table
         self.routes = {d.name: d for d in table.deployments}
         self.regions = {r.name: r for r in table.regions}
@@ -490,3 +496,14 @@ class GatewayState:
     def close(self) -> None:
         for plane in self.planes.values():
             plane.pool.close()
+
+
+def _unreachable_endpoint(table: RoutingTable) -> str | None:
+    """Why a plane of ``table`` cannot be dialled (None: every one can)."""
+    for d in table.deployments:
+        for p in d.planes:
+            try:
+                host_port(p.endpoint)
+            except ValueError as exc:
+                return f"plane {p.cluster}'s endpoint {p.endpoint[:200]!r}: {exc}"
+    return None

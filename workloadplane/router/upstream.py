@@ -12,6 +12,7 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httptools
 
@@ -53,10 +54,14 @@ class Listener(Protocol):
 
 
 def host_port(endpoint: str) -> tuple[str, int]:
-    """``http://host:port/...`` → (host, port)."""
-    rest = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    host, _, port = rest.rpartition(":")
-    return (host or "127.0.0.1"), int(port or 80)
+    """``http://host:port/...`` → (host, port): the scheme's port when it names none (a
+    URL type drops ``:80``), an IPv6 host without its brackets. Raises ValueError when the
+    port is not a number from 0 to 65535."""
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parts.port  # the ValueError
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return parts.hostname or "127.0.0.1", port
 
 
 class Connection(asyncio.Protocol):

@@ -67,6 +67,31 @@ def test_newest_table_wins_and_is_restored_after_a_restart(tmp_path: Path):
     again.close()
 
 
+def _table_with(generation: int, endpoint: str) -> bytes:
+    route = PlaneRoute(cluster="a", endpoint=endpoint, region="r", jurisdiction="US",
+                       latitude=0, longitude=0)  # fmt: skip
+    t = RoutingTable(generation=generation,
+                     deployments=[DeploymentRoute(name="chat", planes=[route])])  # fmt: skip
+    return t.model_dump_json().encode()
+
+
+def test_an_endpoint_without_a_port_is_dialled_on_the_schemes_and_a_bad_one_refused_whole(
+    tmp_path: Path,
+):
+    """A URL type writes http://h:80 as http://h/; a port past 65535 cannot be dialled: that
+    table is refused as a whole and the gateway routes on from the one it had (a half
+    installed one named planes it had no connection pool for: 500s until the next table)."""
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(_table_with(1, "http://router.example/"))
+    pool = state.planes["a"].pool
+    assert (pool.host, pool.port) == ("router.example", 80)
+    assert not state.apply_table(_table_with(2, "http://router.example:99999"))
+    assert rejected(state, "routing_table", "bad_endpoint") == 1
+    assert state.table is not None and state.table.generation == 1
+    assert state.planes["a"].pool is pool and set(state.routes) == {"chat"}
+    state.close()
+
+
 def test_forged_and_oversized_load_reports_are_dropped(tmp_path: Path):
     state = GatewayState("r", Clock(), RoutesStore(tmp_path))
     state.apply_table(table(1))
