@@ -13,6 +13,11 @@ def error_body(
     ).encode()
 
 
+class ResponseCut(Exception):
+    """Raised by the app when an answer broke after its head went out: the connection is
+    closed (a client must not take a cut body for a whole one, nor wait for the rest)."""
+
+
 BAD_REQUEST = 400, "invalid_request_error"
 UNAUTHORIZED = 401, "authentication_error"
 FORBIDDEN = 403, "permission_error"

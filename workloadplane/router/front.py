@@ -208,6 +208,8 @@ async def relay(
                 "send the request again",
                 "stream_broken",
             )
+        else:  # its head (and content-length) may be out: only closing tells the client
+            raise errors.ResponseCut(f"{what}: the answer broke after it began ({exc})") from exc
     finally:
         resp.release()
         if stream:

@@ -381,6 +381,8 @@ class Connection(asyncio.Protocol):
                 await self.server.app(scope, self.receive, self.send)
             else:
                 await handler(self.receive, self.send)
+        except errors.ResponseCut as exc:  # _after closes the connection
+            log.warning("%s %s: %s", scope["method"], scope["path"], exc)
         except Exception:
             log.exception("router app failed on %s %s", scope["method"], scope["path"])
         self.task = None

@@ -389,3 +389,19 @@ async def test_a_jurisdiction_header_must_be_a_short_list_of_country_codes(fleet
     client.send(extra=b"x-gpufleet-jurisdiction: us, US\r\n")  # a valid list still routes
     status, headers, _ = await client.answer()
     assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
+
+
+async def test_a_plain_answer_that_breaks_on_the_task_path_closes_the_connection(fleet):
+    """Its head promised 100 bytes and 10 came: kept alive, the client waited for the rest
+    (or read the next answer as this one's tail)."""
+    front, a, _, client = fleet
+    taken = front.state.planes["a"].pool.take_idle()  # no idle connection: the task path
+    assert taken is not None
+    a.script.append(("partial", b""))
+    client.send()
+    try:
+        async with asyncio.timeout(5):
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+                await client.answer()
+    finally:
+        taken.close()
