@@ -38,11 +38,25 @@ MAX_EVENT_BYTES = 1024 * 1024
 """What the tracker buffers of one SSE event; a bigger one is relayed untracked."""
 
 
+GUIDED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+          "structured_outputs")  # fmt: skip
+"""Constrained decoding: what vLLM enforces from the answer's first token on."""
+
+
 def not_continuable(path: str, payload: dict[str, Any]) -> str:
     """Why a streamed request cannot be continued on another plane ("" if it can)."""
     if payload.get("n") not in (None, 1) or payload.get("best_of") not in (None, 1):
         return "n or best_of is above 1"
+    plain = {None, "", "text"}  # OpenAI's default response_format is {"type": "text"}
+    fmt = payload.get("response_format")
+    guided = [k for k in GUIDED if payload.get(k) not in (None, {}, [], "")]
+    if isinstance(fmt, dict) and fmt.get("type") in plain:
+        guided = [k for k in guided if k != "response_format"]
+    if guided:  # a grammar restarted on the continued text would not hold
+        return f"{guided[0]} is set"
     if path.endswith("/chat/completions"):
+        if payload.get("echo"):  # vLLM would echo the continued message: text twice
+            return "echo is set"
         messages = payload.get("messages")
         return "" if isinstance(messages, list) and messages else "no messages"
     if path.endswith("/completions"):
@@ -78,6 +92,8 @@ class StreamTracker:
     earlier_tokens: int = 0
     """Tokens of the segments before the current one (added to the final usage)."""
     tool_call: bool = False
+    reasoning: bool = False
+    """A reasoning delta was streamed: a continuation would reason again, from the start."""
     finished: bool = False
     """A choice said why it stopped (``finish_reason``): nothing is left to generate."""
     done: bool = False
@@ -102,6 +118,8 @@ class StreamTracker:
         """Why what this stream delivered cannot be continued ("" if it can)."""
         if self.tool_call:
             return "a tool call was in flight"
+        if self.reasoning:
+            return "it was streaming reasoning"
         if self.untracked:
             return f"an event was over {MAX_EVENT_BYTES} bytes"
         return ""
@@ -165,6 +183,8 @@ class StreamTracker:
                 delta = choice.get("delta") or {}
                 if delta.get("tool_calls"):
                     self.tool_call = True
+                if delta.get("reasoning_content") or delta.get("reasoning"):
+                    self.reasoning = True
                 content = delta.get("content")
                 piece += content if isinstance(content, str) else ""
                 role_only = "role" in delta and not content and not delta.get("tool_calls")

@@ -183,3 +183,18 @@ def test_an_answer_that_said_why_it_stopped_is_not_continued():
     t.feed(delta(" a") + stop)  # then the plane dies before [DONE]
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
     assert t.finished and continuation(CHAT, body, t) is None  # [DONE] goes out instead
+
+
+def test_what_a_continuation_would_repeat_or_break_is_not_continued():
+    """chat's vLLM ``echo`` would echo the continued message (the text twice); constrained
+    decoding would restart its grammar mid-answer; a reasoning stream would reason again."""
+    user = [{"role": "user", "content": "hi"}]
+    assert not_continuable(CHAT, {"messages": user, "echo": True}) == "echo is set"
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}
+    assert not_continuable(CHAT, {"messages": user, "response_format": schema})
+    assert not_continuable("/v1/completions", {"prompt": "x", "guided_regex": "[a-z]+"})
+    assert not_continuable(CHAT, {"messages": user, "response_format": None}) == ""
+    assert not_continuable(CHAT, {"messages": user, "response_format": {"type": "text"}}) == ""
+    t = StreamTracker(chat=True)
+    t.feed(delta(reasoning_content="let me think"))
+    assert t.why_not == "it was streaming reasoning"
