@@ -372,7 +372,7 @@ class GatewayApp:
         """The first plane (in ranking order, skipping ``tried``) whose response head came.
         Raises ``Refused`` (nothing may serve) or the last ``UpstreamError``."""
         last: UpstreamError | None = None
-        for _ in range(self.config.max_attempts):
+        for attempt_no in range(self.config.max_attempts):
             choice = self.state.choose(model, region, asked)
             if choice is None:
                 raise Refused(f"deployment {model} left the routing table")
@@ -410,7 +410,9 @@ class GatewayApp:
                 self.metrics.failovers.labels("before_first_byte").inc()
                 continue
             attempt.cancel = None
-            more = len(candidates) > 1
+            # the last attempt's "busy" goes to the client as it is (its 429 and retry-after),
+            # not as a 502 for a plane that answered
+            more = len(candidates) > 1 and attempt_no < self.config.max_attempts - 1
             if resp.status in _NEXT_PLANE_STATUS and more:
                 resp.discard()
                 plane.attempts.discard(attempt)

@@ -405,3 +405,15 @@ async def test_a_plain_answer_that_breaks_on_the_task_path_closes_the_connection
                 await client.answer()
     finally:
         taken.close()
+
+
+async def test_when_every_attempt_finds_a_busy_plane_the_client_gets_the_last_429(fleet):
+    """Attempts are bounded (``max_attempts``); the last one's 429 is the answer (with its
+    retry-after), not a 502 naming a plane that did answer."""
+    front, a, b, client = fleet
+    front.app.config.max_attempts = 1
+    a.script.append(("status", b"429"))
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    status, headers, _ = await client.ask(body)  # streamed: the task path decides
+    assert status == 429 and headers[b"x-gpufleet-plane"] == b"a"
+    assert b.requests == 0
