@@ -372,6 +372,7 @@ class GatewayApp:
         """The first plane (in ranking order, skipping ``tried``) whose response head came.
         Raises ``Refused`` (nothing may serve) or the last ``UpstreamError``."""
         last: UpstreamError | None = None
+        resort: Choice | None = None  # the last attempt's choice, if a last resort
         for attempt_no in range(self.config.max_attempts):
             choice = self.state.choose(model, region, asked)
             if choice is None:
@@ -383,6 +384,7 @@ class GatewayApp:
                 if choice.ranked and last is not None:
                     raise last  # every healthy plane was tried and failed
                 raise Refused(_refusal(choice))
+            resort = choice if choice.last_resort else None
             ranked = candidates[0]
             plane = self.state.planes[ranked.cluster]
             tried.add(ranked.cluster)
@@ -426,6 +428,8 @@ class GatewayApp:
             attempt.alive_at = self.state.clock()
             return _Opened(resp, plane, attempt, ranked)
         assert last is not None
+        if resort is not None:  # the attempts ran out on planes out of rotation
+            raise Refused(f"{_refusal(resort)}; tried anyway: {last}")
         raise last
 
     async def _stream(

@@ -69,7 +69,8 @@ class RequestHead:
     """Headers to send upstream (hop-by-hop, auth and priority dropped; X-Request-Id set to
     ``request_id``, so every hop behind logs the same id)."""
     wanted: dict[bytes, bytes]
-    """The values of the ``extra`` header names the caller asked for."""
+    """The values of the ``extra`` header names the caller asked for (a name sent more
+    than once: its values joined by commas, as HTTP defines)."""
 
 
 def read_head(
@@ -85,8 +86,8 @@ def read_head(
             auth = value
         elif name == b"x-priority":
             priority = value
-        elif name in extra:
-            wanted[name] = value
+        elif name in extra:  # a field sent twice is one comma-joined list (RFC 9110 5.3)
+            wanted[name] = wanted[name] + b"," + value if name in wanted else value
         if name not in DROP_REQUEST:
             fwd.append((name, value))
     clean = clean_request_id(request_id) if request_id else None

@@ -389,6 +389,11 @@ async def test_a_jurisdiction_header_must_be_a_short_list_of_country_codes(fleet
     client.send(extra=b"x-gpufleet-jurisdiction: us, US\r\n")  # a valid list still routes
     status, headers, _ = await client.answer()
     assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
+    # sent twice, the header is one list (RFC 9110), not its last line: DE alone has no plane
+    client.send(extra=b"x-gpufleet-jurisdiction: US\r\nx-gpufleet-jurisdiction: DE\r\n")
+    status, headers, _ = await client.answer()
+    assert status == 200 and headers[b"x-gpufleet-plane"] == b"a"
+    assert any(key[2] == frozenset({"DE", "US"}) for key in front.state._choices)
 
 
 async def test_a_plain_answer_that_breaks_on_the_task_path_closes_the_connection(fleet):
@@ -417,3 +422,21 @@ async def test_when_every_attempt_finds_a_busy_plane_the_client_gets_the_last_42
     status, headers, _ = await client.ask(body)  # streamed: the task path decides
     assert status == 429 and headers[b"x-gpufleet-plane"] == b"a"
     assert b.requests == 0
+
+
+async def test_when_the_attempts_run_out_on_planes_out_of_rotation_the_answer_is_503(fleet):
+    """Every plane out of rotation: they are tried anyway (last resort); when the bounded
+    attempts all fail the client gets the documented 503 ``no_healthy_plane`` saying so,
+    not a 502 — also when there are as many planes as attempts, or more."""
+    front, a, b, client = fleet
+    front.app.config.max_attempts = 2
+    a.close()
+    b.close()
+    await until(lambda: a.closed >= 1)
+    front.state.failed("a", "test: ejected")
+    front.state.failed("b", "test: ejected")
+    status, headers, body = await client.ask()
+    error = json.loads(body)["error"]
+    assert status == 503 and error["code"] == "no_healthy_plane", body
+    assert "tried anyway" in error["message"]
+    assert headers[b"content-type"].startswith(b"application/json")
