@@ -125,6 +125,14 @@ def _deliveries(msg: Msg) -> int:
         return 1
 
 
+def _stored_at(msg: Msg) -> datetime | None:
+    """When the stream stored this message (its ack subject's time), if it says."""
+    try:
+        return msg.metadata.timestamp
+    except Exception:  # not a JetStream message
+        return None
+
+
 def _reject(subject: str, reason: str, detail: str) -> None:
     REJECTED.labels(reason=reason).inc()
     log.warning("rejected message on %s (%s): %s", subject, reason, detail)
@@ -222,6 +230,10 @@ class ReportConsumer:
         received_at = self._clock()
         if _deliveries(msg) > 1:
             REDELIVERED.inc()
+            # a retry's clock says nothing of the report's age: a heartbeat redelivered
+            # after a newer one was recorded must read as older than it (the sink keeps
+            # the newer), so it is dated when the stream stored it
+            received_at = min(received_at, _stored_at(msg) or received_at)
         else:  # a redelivery's delay says how late the retry was, not how slow the bus is
             delay = (received_at - report.time).total_seconds()
             REPORT_DELAY.labels(type=report.type).observe(max(delay, 0.0))

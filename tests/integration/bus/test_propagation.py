@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from controlplane.bus import InMemorySink, ReportConsumer, publish_desired
 from controlplane.contracts import (
     DesiredStateApplied,
+    ObservedState,
     RejectedMessageError,
     ReplicaStarted,
     desired_key,
@@ -190,6 +192,45 @@ async def test_a_failed_write_is_redelivered_and_counted_and_delay_measured(bus:
         assert delays - before["delays"] == 1  # the first delivery's, not the retry's
         progress = await consumer.progress()
         assert sample("gpufleet_bus_pending_messages") == progress.pending == 0
+    finally:
+        await agent_nc.close()
+        await consumer.stop()
+
+
+class _HeartbeatFailsOnce(InMemorySink):
+    """PostgreSQL down for the first heartbeat: it comes back after the next one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: dict[int, datetime] = {}
+
+    async def record_observed(self, cluster, state, received_at):  # type: ignore[override]
+        if not self.times and state.observed_generation == 1 and not self.observed:
+            self.times[-1] = received_at  # the failed first delivery
+            raise ConnectionError("database unavailable")
+        self.times[state.observed_generation] = received_at
+        return await super().record_observed(cluster, state, received_at)
+
+
+async def test_a_heartbeat_redelivered_after_a_newer_one_is_dated_before_it(bus: Bus):
+    """The sink keeps the newest heartbeat by the time it is given (an older one
+    redelivered late must not overwrite the plane's newer state): a redelivery is dated
+    when the stream stored it, not when the retry came."""
+    sink = _HeartbeatFailsOnce()
+    consumer = ReportConsumer(bus.js, sink, durable="late-heartbeat", redeliver_delay_s=0.5)
+    await consumer.start()
+    agent_nc = await bus.connect(bus.clusters["a"])
+    try:
+        js = agent_nc.jetstream()
+        for generation in (1, 2):
+            beat = ObservedState(cluster="a", source="cluster/a", observed_generation=generation)
+            await js.publish("gpufleet.v1.cluster.a.observed", encode(beat))
+            await eventually(
+                lambda g=generation: len(sink.times) == g, what=f"heartbeat {generation}"
+            )
+        await eventually(lambda: 1 in sink.times, what="the first heartbeat, redelivered")
+        assert sink.times[1] < sink.times[2], sink.times  # read as older: the sink keeps 2
+        assert sink.times[-1] <= sink.times[1] + timedelta(seconds=0.05)
     finally:
         await agent_nc.close()
         await consumer.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -89,3 +89,18 @@ async def test_a_replica_fact_of_a_deleted_deployment_draining_is_no_rejection(
     assert rejected == ["deployment_not_given"]
     assert len(admin.get("events", type="ReportRejected").json()["items"]) == 1
     assert admin.get("replicas", cluster="use1-a").json()["items"] == []
+
+
+async def test_a_heartbeat_older_than_the_one_recorded_changes_nothing(admin, session_factory):
+    """Heartbeats can arrive out of order (a redelivery is dated when the stream stored
+    it): the plane's newest state stands, not the last to arrive."""
+    b.seed(admin)
+    sink = DbSink(session_factory, on_change=lambda reason: None)
+    now = datetime.now(UTC)
+    newer = ObservedState(cluster="use1-a", source="cluster/use1-a", agent_version="2.0")
+    older = ObservedState(cluster="use1-a", source="cluster/use1-a", agent_version="1.0")
+    await sink.record_observed("use1-a", newer, now)
+    await sink.record_observed("use1-a", older, now - timedelta(seconds=2))
+    status = admin.get("clusters/use1-a").json()["status"]
+    assert status["agent_version"] == "2.0"
+    assert datetime.fromisoformat(status["last_heartbeat_at"]) == now
