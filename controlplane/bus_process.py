@@ -361,6 +361,8 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
         demand_max=settings.report_demand_max,
         in_flight_max=settings.report_in_flight_max,
         queue_depth_max=settings.report_queue_depth_max,
+        tokens_per_s_max=settings.report_tokens_per_s_max,
+        bytes_per_s_max=settings.report_bytes_per_s_max,
     )
     sink = DbSink(factory, on_change=on_change, bounds=bounds)
     consumer = ReportConsumer(js, sink)

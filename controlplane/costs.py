@@ -295,10 +295,14 @@ class Counters:
     """Of ``response_bytes``, those a gateway sent on to a client in another region."""
 
 
-def counted(previous: Counters | None, current: Counters, bound: int) -> Counters:
+def counted(
+    previous: Counters | None, current: Counters, bound: int, byte_bound: int | None = None
+) -> Counters:
     """What `current` adds to `previous` (the last one recorded). A counter that went back,
-    or a new `since`, is a restarted router: all of `current` is new. Each count added is at
-    most `bound` (a plane's report may not move money without limit)."""
+    or a new `since`, is a restarted router: all of `current` is new. Each token count added
+    is at most `bound`, each byte count at most `byte_bound` (default `bound`): a plane's
+    report may not move money without limit."""
+    byte_bound = bound if byte_bound is None else byte_bound
     restarted = (
         previous is None
         or previous.since != current.since
@@ -312,8 +316,8 @@ def counted(previous: Counters | None, current: Counters, bound: int) -> Counter
         current.since,
         min(bound, current.input_tokens - base.input_tokens),
         min(bound, current.output_tokens - base.output_tokens),
-        min(bound, current.response_bytes - base.response_bytes),
-        min(bound, current.cross_region_bytes - base.cross_region_bytes),
+        min(byte_bound, current.response_bytes - base.response_bytes),
+        min(byte_bound, current.cross_region_bytes - base.cross_region_bytes),
     )
 
 

@@ -92,6 +92,13 @@ class Settings(BaseSettings):
     report_demand_max: int = Field(default=1000, ge=1)
     report_in_flight_max: int = Field(default=100_000, ge=1)
     report_queue_depth_max: int = Field(default=100_000, ge=1)
+    report_tokens_per_s_max: int = Field(
+        default=10_000_000,
+        ge=1,
+        description="the most tokens per second a plane's router may report for one "
+        "deployment since its last recorded report (more is counted as this)",
+    )
+    report_bytes_per_s_max: int = Field(default=2_000_000_000, ge=1)
     spend_guard_window_s: float = Field(
         default=3600.0, gt=0, description="the spend guard's sliding window"
     )

@@ -7,7 +7,8 @@ moves placement and money. So before a report counts:
   ``Bounds.demand_factor`` × the deployment's ``max_replicas`` and at most
   ``Bounds.demand_max``; in-flight and queue depth at most their bounds (clamped);
 - replicas only of deployments it was given, only on its pools (when the replica names one)
-  and only on the instances it was given (when it was given any and the replica names one).
+  and only on the instances it was given (when it was given any and the replica names one);
+  per deployment at most as many as its demand may be (``demand_cap``).
 
 A rejected part is dropped (or clamped) and named in a `Rejection`; the rest of the report
 still counts: a heartbeat with one bad entry still proves liveness. What the plane was told
@@ -27,6 +28,7 @@ REASONS = (
     "deployment_not_given",
     "pool_not_given",
     "instance_not_given",
+    "replica_bound",
     "demand_bound",
     "in_flight_bound",
     "queue_depth_bound",
@@ -51,8 +53,11 @@ class Bounds:
     demand_max: int = 1000
     in_flight_max: int = 100_000
     queue_depth_max: int = 100_000
-    usage_max: int = 1_000_000_000
-    """The most tokens (or response bytes) one report may add for one deployment."""
+    tokens_per_s_max: int = 10_000_000
+    """The most tokens per second one deployment's router may report (since its last
+    recorded report)."""
+    bytes_per_s_max: int = 2_000_000_000
+    """The same for response bytes."""
 
 
 @dataclass(frozen=True)
@@ -130,14 +135,22 @@ def check_observed(state: ObservedState, given: Given, bounds: Bounds | None = N
     bounds = bounds or Bounds()
     rejections: list[Rejection] = []
     replicas = []
+    per_deployment: dict[str, int] = {}
     for replica in state.replicas:
         if draining(replica.deployment, given):
             continue
         why = check_replica(replica, given)
-        if why is None:
-            replicas.append(replica)
-        else:
+        if why is not None:
             rejections.append(why)
+            continue
+        name = replica.deployment
+        count = per_deployment[name] = per_deployment.get(name, 0) + 1
+        cap = demand_cap(given.deployments[name], bounds)
+        if count <= cap:
+            replicas.append(replica)
+        elif count == cap + 1:  # one rejection for all the extra ones
+            detail = f"more than {cap} replicas reported; those after the {cap}th not recorded"
+            rejections.append(Rejection("replica_bound", f"replicas of {name}", detail))
     deployments = []
     for observed in state.deployments:
         if draining(observed.name, given):

@@ -210,12 +210,31 @@ def warn_expiring(session: Session, now: datetime) -> list[str]:
 # --- tokens ---------------------------------------------------------------------------------
 
 
+USAGE_FIRST_WINDOW = timedelta(hours=1)
+"""How long a router may have counted before its first report that is recorded (a new
+control plane, or a deployment new on the plane)."""
+
+
+@dataclass(frozen=True)
+class UsageRates:
+    """The most one deployment's router on one plane may report per second since its last
+    recorded report: the counts a report may add are at most these × the seconds between
+    (at least 1). A bound per report instead would cut a long outage's honest counts."""
+
+    tokens_per_s: int = 10_000_000
+    bytes_per_s: int = 2_000_000_000
+
+    def bounds(self, elapsed: timedelta) -> tuple[int, int]:
+        seconds = max(1.0, elapsed.total_seconds())
+        return int(self.tokens_per_s * seconds), int(self.bytes_per_s * seconds)
+
+
 def record_usage(
     session: Session,
     cluster: str,
     deployments: Iterable[DeploymentObserved],
     at: datetime,
-    bound: int,
+    rates: UsageRates,
 ) -> None:
     """Add what each deployment's router counters grew by since the cluster's last report
     to the hour of `at`. `deployments`: the report as it may count (`controlplane.trust`)."""
@@ -238,10 +257,12 @@ def record_usage(
                 row.cross_region_bytes,
             )
         )
-        new = costs.counted(previous, current, bound)
+        elapsed = USAGE_FIRST_WINDOW if row is None else at - row.updated_at
+        new = costs.counted(previous, current, *rates.bounds(elapsed))
         if row is None:
             row = m.TokenCounter(cluster=cluster, deployment=d.name)
             session.add(row)
+        row.updated_at = at
         row.since, row.input_tokens = current.since, current.input_tokens
         row.output_tokens, row.response_bytes = current.output_tokens, current.response_bytes
         row.cross_region_bytes = current.cross_region_bytes

@@ -95,11 +95,19 @@ class DbSink:
     def _reject(
         self, session: Session, cluster: Cluster, rejections: list[Rejection], at: datetime
     ) -> list[str]:
-        """Record the rejections as `ReportRejected` events, once per reason per minute."""
+        """Record the rejections as `ReportRejected` events, once per reason per minute,
+        and log one line per reason (a forged report may hold thousands)."""
+        logged: dict[str, int] = {}
+        for r in rejections:
+            logged[r.reason] = logged.get(r.reason, 0) + 1
+            if logged[r.reason] == 1:
+                log.warning("%s: report rejected (%s): %s", cluster.name, r.reason, r.message)
+        for reason, count in logged.items():
+            if count > 1:
+                log.warning("%s: report rejected (%s): %d more", cluster.name, reason, count - 1)
         for r in rejections:
             key = (cluster.name, r.reason)
             last = self._noted.get(key)
-            log.warning("%s: report rejected (%s): %s", cluster.name, r.reason, r.message)
             if last is not None and at - last < REJECTION_EVENT_EVERY:
                 continue
             self._noted[key] = at
@@ -135,9 +143,8 @@ class DbSink:
             epochs.note_applied(session, cluster, state.observed_epoch, state.observed_generation)
             reason = _revive(session, cluster)
             release_holds(session, _sync_replicas(session, cluster, state))
-            costs.record_usage(
-                session, cluster.name, state.deployments, received_at, self._bounds.usage_max
-            )
+            rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
+            costs.record_usage(session, cluster.name, state.deployments, received_at, rates)
             rollout_windows.record_outcomes(session, cluster.name, state.deployments)
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"

@@ -24,7 +24,7 @@ def accrue_hour(session_factory: Any) -> None:
     with session_factory() as s, s.begin():
         # 5 GB served, 2 GB of it through a gateway to clients in another region
         counters = usage("r1", 3_000_000, 1_000_000, 5 * 10**9, crossed=2 * 10**9)
-        costs.record_usage(s, "use1-a", counters, T0, bound=10**10)
+        costs.record_usage(s, "use1-a", counters, T0, costs.UsageRates())
 
 
 def test_costs_grouped_by_deployment_with_idle_apart(ledger, viewer):

@@ -185,13 +185,34 @@ def tokens(session_factory: Any) -> list[tuple[str, int, int, int]]:
 def test_token_counters_become_hourly_usage_across_a_router_restart(session_factory, tokens_db):
     def report(at: datetime, since: str, inp: int, out: int, size: int) -> None:
         with session_factory() as s, s.begin():
-            costs.record_usage(s, "use1-a", usage(since, inp, out, size), at, bound=10**9)
+            costs.record_usage(s, "use1-a", usage(since, inp, out, size), at, costs.UsageRates())
 
     report(T0, "r1", 1000, 200, 5000)
     report(T0 + timedelta(seconds=5), "r1", 1000, 200, 5000)  # a repeated heartbeat
     report(T0 + timedelta(minutes=10), "r1", 1500, 300, 7000)
     report(T0 + timedelta(minutes=40), "r2", 10, 20, 30)  # the router restarted (10:10)
     assert tokens(session_factory) == [("09:00", 1500, 300, 7000), ("10:00", 10, 20, 30)]
+
+
+def test_a_report_adds_at_most_the_rate_bound_times_the_time_since_the_last(
+    session_factory, tokens_db
+):
+    """A forged report may not move the ledger without limit, and an honest one after a long
+    silence (the control plane down for hours) is not cut: the bound is per second since
+    the deployment's last recorded report, not per report."""
+    rates = costs.UsageRates(tokens_per_s=1000, bytes_per_s=10_000)
+
+    def report(at: datetime, inp: int, size: int) -> None:
+        with session_factory() as s, s.begin():
+            costs.record_usage(s, "use1-a", usage("r1", inp, 0, size), at, rates)
+
+    report(T0, 0, 0)
+    report(T0 + timedelta(seconds=5), 10**12, 10**12)  # 5 s later: at most 5 s' worth
+    report(T0 + timedelta(hours=2), 10**12 + 3_000_000, 10**12 + 30_000_000)  # 2 h of silence
+    assert tokens(session_factory) == [
+        ("09:00", 5000, 0, 50_000),
+        ("11:00", 3_000_000, 0, 30_000_000),
+    ]
 
 
 @pytest.fixture

@@ -44,3 +44,20 @@ def test_a_report_of_only_what_was_given_counts_whole():
     report = _report("chat")
     checked = check_observed(report, GIVEN)
     assert checked.rejections == [] and checked.state == report
+
+
+def test_replicas_beyond_what_the_deployment_may_have_are_not_recorded():
+    """chat may have 4 replicas fleet-wide; a plane claiming 50 (each a row, and GPU-hours
+    in the ledger) gets the first 8 (the demand cap, 2 × 4) recorded, and one rejection."""
+    report = ObservedState(
+        cluster="a",
+        source="cluster/a",
+        replicas=[
+            ReplicaStatus(replica_id=f"a-{i}", deployment="chat", revision="1", state="ready")
+            for i in range(50)
+        ],
+    )
+    checked = check_observed(report, GIVEN)
+    assert [r.replica_id for r in checked.state.replicas] == [f"a-{i}" for i in range(8)]
+    assert [r.reason for r in checked.rejections] == ["replica_bound"]
+    assert "more than 8 replicas" in checked.rejections[0].detail
