@@ -159,6 +159,12 @@ Id = Annotated[str, Field(max_length=128), AfterValidator(_no_nul)]
 Text = Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 When = Annotated[datetime, AfterValidator(_utc)]
+EntryName = Annotated[str, Field(max_length=80, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
+"""A deployment or lane (``NAME--r3``, ``NAME--shadow``) in a desired state: a DNS label as
+the API takes it, its suffix, nothing a path or a replica id cannot hold."""
+RevisionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")]
+REPLICAS_MAX = 10_000
+"""The most replicas a quota may name (the API's ``max_replicas`` bound)."""
 
 
 class Envelope(Model):
@@ -176,7 +182,7 @@ class RevisionSpec(Model):
     """What one replica of a deployment revision runs."""
 
     model_id: str
-    revision: str = Field(description="revision identifier; a change means a new revision")
+    revision: RevisionName = Field(description="revision identifier; a change means a new revision")
     engine_image: str = ""
     engine_args: list[str] = Field(default_factory=list)
     gpu_types: list[str] = Field(default_factory=list, description="acceptable GPU types")
@@ -184,8 +190,8 @@ class RevisionSpec(Model):
 
 
 class ReplicaQuota(Model):
-    min: int = Field(default=0, ge=0)
-    max: int = Field(default=0, ge=0)
+    min: int = Field(default=0, ge=0, le=REPLICAS_MAX)
+    max: int = Field(default=0, ge=0, le=REPLICAS_MAX)
 
     @field_validator("max")
     @classmethod
@@ -223,14 +229,14 @@ class PoolQuota(Model):
     """The replicas of one deployment that one capacity pool carries on this cluster."""
 
     pool: str
-    min: int = Field(default=0, ge=0)
-    max: int = Field(default=0, ge=0)
+    min: int = Field(default=0, ge=0, le=REPLICAS_MAX)
+    max: int = Field(default=0, ge=0, le=REPLICAS_MAX)
 
 
 class DeploymentDesired(Model):
     """One deployment as placed on one cluster."""
 
-    name: str
+    name: EntryName
     spec: RevisionSpec
     quota: ReplicaQuota = Field(default_factory=ReplicaQuota)
     pools: list[str] = Field(default_factory=list, description="capacity pools it may draw on")
@@ -241,6 +247,7 @@ class DeploymentDesired(Model):
     hold_leaving: int = Field(
         default=0,
         ge=0,
+        le=REPLICAS_MAX,
         description="replicas on draining instances to keep serving until their replacements "
         "on other clusters are ready (a draining instance's deadline still wins)",
     )
@@ -295,7 +302,7 @@ class InstanceDesired(Model):
     pool: str
     gpus: int = Field(default=0, ge=0)
     draining: bool = False
-    drain_deadline: datetime | None = None
+    drain_deadline: When | None = None
 
 
 class TokenCounters(Model):
@@ -509,20 +516,31 @@ class DesiredState(Envelope):
 
     type: Literal["desired_state"] = "desired_state"
     source: str = "controlplane"
-    generation: int = Field(ge=1)
+    generation: int = Field(ge=1, le=2**63 - 1)
     epoch: int = Field(
         default=0,
         ge=0,
+        le=2**63 - 1,
         description="the control plane's numbering of this cluster's generations; it starts a "
         "new epoch when it finds a generation it never issued (added within v1)",
     )
     deployments: list[DeploymentDesired] = Field(default_factory=list)
     instances: list[InstanceDesired] = Field(default_factory=list)
-    retired: list[str] = Field(
+    retired: list[EntryName] = Field(
         default_factory=list,
         description="deployments a user deleted recently: drained at once, never kept serving "
         "through the plane's disappearance grace period (added within v1)",
     )
+
+    @field_validator("deployments")
+    @classmethod
+    def _names_once(cls, value: list[DeploymentDesired]) -> list[DeploymentDesired]:
+        seen: set[str] = set()
+        for d in value:
+            if d.name in seen:  # two entries would each stop the other's replicas
+                raise ValueError(f"deployment {d.name} is listed twice")
+            seen.add(d.name)
+        return value
 
     @property
     def version(self) -> tuple[int, int]:

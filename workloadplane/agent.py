@@ -66,6 +66,7 @@ from workloadplane.reconcile import (
 )
 from workloadplane.router.core import Router
 from workloadplane.runtime.base import GpuInventory, Runtime
+from workloadplane.runtime.gpus import InsufficientGpusError
 from workloadplane.state import DesiredStateStore, should_apply
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class Agent:
         self.gpus = gpus
         self.store = store
         self.clock = clock
-        self.desired: DesiredState | None = store.load()
+        self.desired: DesiredState | None = store.load(cluster)
         self.applied_generation = 0
         self.applied_epoch = 0
         """The epoch of ``applied_generation`` (acknowledged and reported with it)."""
@@ -187,6 +188,8 @@ class Agent:
         self._known: dict[str, ReplicaState] | None = None
         self._lock = asyncio.Lock()
         self._act_lock = asyncio.Lock()
+        self._failing: dict[tuple[str, str], str] = {}
+        """Actions failing pass after pass: (kind, deployment or replica) → how, logged once."""
         """Held from listing replicas to acting on them (reconcile, autoscale): neither acts
         on a list the other has just made stale."""
         self._wake = (changes or ReplicaChanges(router)).wake
@@ -245,21 +248,12 @@ class Agent:
             replicas = await self.runtime.list_replicas()
             self._counts.update(replicas)
             transitions = self._transitions(replicas)
-            effective = self._effective(desired) if desired is not None else None
-            if effective is not None and (adopted := lane_adoptions(effective, replicas)):
-                for replica_id, deployment in adopted:
-                    log.info("replica %s of a promoted lane joins %s", replica_id, deployment)
-                    await self.runtime.adopt(replica_id, deployment)
-                replicas = await self.runtime.list_replicas()
-            if self.router is not None:
-                if effective is not None:
-                    self.router.set_deployments(effective.deployments)
-                self.router.set_replicas(replicas)
-            if effective is not None:
-                actions = reconcile(
-                    effective, replicas, self.wanted, now=self.clock(), drain_lead=self.drain_lead
-                )
-                await self._carry_out(actions)
+            try:
+                await self._act(desired, replicas)
+            except BaseException:
+                for fact in transitions:  # noted as known: they must go out all the same
+                    self._emit(fact)
+                raise
         if desired is not None and desired.version > (self.applied_epoch, self.applied_generation):
             self.applied_epoch, self.applied_generation = desired.version
             APPLIED_GENERATION.set(desired.generation)
@@ -274,6 +268,24 @@ class Agent:
             )
         for fact in transitions:
             self._emit(fact)
+
+    async def _act(self, desired: DesiredState | None, replicas: list[ReplicaStatus]) -> None:
+        """Feed the router and carry out reconcile's actions (``_act_lock`` held)."""
+        effective = self._effective(desired) if desired is not None else None
+        if effective is not None and (adopted := lane_adoptions(effective, replicas)):
+            for replica_id, deployment in adopted:
+                log.info("replica %s of a promoted lane joins %s", replica_id, deployment)
+                await self.runtime.adopt(replica_id, deployment)
+            replicas = await self.runtime.list_replicas()
+        if self.router is not None:
+            if effective is not None:
+                self.router.set_deployments(effective.deployments)
+            self.router.set_replicas(replicas)
+        if effective is not None:
+            actions = reconcile(
+                effective, replicas, self.wanted, now=self.clock(), drain_lead=self.drain_lead
+            )
+            await self._carry_out(actions)
 
     def _note_traffic(self, now: datetime) -> None:
         if self.router is None:
@@ -339,12 +351,31 @@ class Agent:
                     await self.runtime.drain(action.replica_id)
                 elif isinstance(action, StopReplica):
                     await self.runtime.stop(action.replica_id)
-            except Exception:
-                log.exception("runtime failed on %s; retrying next pass", action)
+            except Exception as exc:
+                self._runtime_failed(action, exc)
+            else:
+                self._failing.pop(_subject(action), None)
         if started and self.router is not None:
             # the router sees the starting replica at once: requests arriving now wait for
             # it instead of waking the autoscaler again
             self.router.set_replicas(await self.runtime.list_replicas())
+
+    def _runtime_failed(
+        self, action: StartReplica | StopReplica | DrainReplica, exc: Exception
+    ) -> None:
+        """Log a failed action once while it keeps failing the same way (it is retried every
+        pass): a start short of GPUs, say, is a state, not news every two seconds."""
+        subject, why = _subject(action), f"{type(exc).__name__}: {exc}"
+        if self._failing.get(subject) == why:
+            return
+        if len(self._failing) >= 1024:
+            self._failing.clear()
+        self._failing[subject] = why
+        what = f"{type(action).__name__} {subject[1]}"
+        if isinstance(exc, InsufficientGpusError):
+            log.warning("%s waits: %s; retrying every pass", what, exc)
+        else:
+            log.error("runtime failed on %s; retrying every pass", what, exc_info=exc)
 
     async def autoscale_once(self, only: Collection[str] | None = None) -> None:
         """Run the policy for each desired deployment (or those in ``only``) and carry the
@@ -461,8 +492,18 @@ class Agent:
             agent_version=AGENT_VERSION,
             replicas=replicas,
             deployments=deployments,
-            free_capacity=self.free_capacity(replicas),
+            free_capacity=self._free_capacity_or_none(replicas),
         )
+
+    def _free_capacity_or_none(self, replicas: list[ReplicaStatus]) -> list[FreeCapacity]:
+        """``free_capacity``, or none when working it out fails: a bug there (it runs
+        reconcile) must not stop the heartbeat, or the control plane takes a plane that
+        serves for dead."""
+        try:
+            return self.free_capacity(replicas)
+        except Exception:
+            log.exception("working out free capacity failed; the heartbeat goes without it")
+            return []
 
     def free_capacity(self, replicas: list[ReplicaStatus]) -> list[FreeCapacity]:
         """Per pool, the GPUs this plane can use, the free ones and the replicas that cannot
@@ -603,6 +644,11 @@ async def run_agent(
         router_address=router_address,
     )
     return agent
+
+
+def _subject(action: StartReplica | StopReplica | DrainReplica) -> tuple[str, str]:
+    name = action.deployment if isinstance(action, StartReplica) else action.replica_id
+    return type(action).__name__, name
 
 
 def load_credentials(cluster: str, path: str | None) -> NatsCredentials | None:

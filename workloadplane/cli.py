@@ -190,12 +190,18 @@ def agent(
     from workloadplane.router.core import Router
     from workloadplane.router.remote import RemoteRouter
     from workloadplane.router.upstream import host_port
+    from workloadplane.state import StateDirInUseError, lock_state_dir
 
     if router_url is not None and router_port is not None:
         raise typer.BadParameter("give --router-url (its own process) or --router-port, not both")
     credentials = _credentials(lambda: load_credentials(cluster, credentials_file))
     configure_logging("agent")
     state = Path(state_dir or f".gpufleet/agent-{cluster}")
+    try:
+        held = lock_state_dir(state)  # before taking over any replica recorded there
+    except StateDirInUseError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
     if metrics_port is not None:
         from prometheus_client import start_http_server
@@ -245,6 +251,7 @@ def agent(
     # generations, so collections during serving are short (tail latency of the hot path)
     gc.freeze()
     _run_fast(main())
+    held.close()  # the lock: held until the agent is done
 
 
 def _make_runtime(

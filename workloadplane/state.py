@@ -18,10 +18,12 @@ loss. A ``desired-state.json`` left by an older agent is read too.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import zlib
 from pathlib import Path
+from typing import IO
 
 from controlplane.contracts import DesiredState, RejectedMessageError, decode_desired, encode
 
@@ -76,8 +78,9 @@ class DesiredStateStore:
         self._last = -1
         self._new_files = False
 
-    def load(self) -> DesiredState | None:
-        """The newest valid snapshot, or None if there is none (unreadable ones logged)."""
+    def load(self, cluster: str | None = None) -> DesiredState | None:
+        """The newest valid snapshot (of ``cluster`` when given: another plane's file copied
+        into this folder is not acted on), or None if there is none (the others logged)."""
         found: list[tuple[tuple[int, int], int, DesiredState]] = []  # (version, slot, state)
         for slot, name in enumerate((*SLOT_FILES, STATE_FILE)):
             try:
@@ -92,6 +95,14 @@ class DesiredStateStore:
                 state = decode_desired(payload)
             except RejectedMessageError as exc:
                 log.error("ignoring unreadable %s (%s)", self.state_dir / name, exc)
+                continue
+            if cluster is not None and state.cluster != cluster:
+                log.error(
+                    "ignoring %s: a snapshot of cluster %s, not %s",
+                    self.state_dir / name,
+                    state.cluster,
+                    cluster,
+                )
                 continue
             found.append((state.version, slot, state))
         if not found:
@@ -133,3 +144,30 @@ class DesiredStateStore:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+
+
+class StateDirInUseError(RuntimeError):
+    """Another agent holds the state folder."""
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """An flock on ``state_dir/agent.lock`` for this process's lifetime (keep the returned
+    file open): two agents on one folder would both take over its replicas, both start
+    replicas toward the target and overwrite each other's records, leaking processes."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(state_dir / "agent.lock", "a+")  # noqa: SIM115 - held while the agent runs
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read(32).strip() or "?"
+        handle.close()
+        raise StateDirInUseError(
+            f"another agent (pid {holder}) is running on {state_dir}; stop it first or give "
+            "this one its own --state-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,51 @@ def test_a_plane_load_report_a_gateway_could_not_rank_with_is_refused(load):
     raw = json.dumps({"source": "cluster/p1", "cluster": "p1", "type": "plane_load", **load})
     with pytest.raises(c.RejectedMessageError):
         c.decode_plane_load(raw.encode())
+
+
+def _desired(deployments: list[dict], **extra: object) -> bytes:
+    return json.dumps(
+        {
+            "type": "desired_state",
+            "source": "controlplane",
+            "cluster": "a",
+            "generation": 1,
+            "schema_version": 1,
+            "deployments": deployments,
+            **extra,
+        }  # fmt: skip
+    ).encode()
+
+
+def _entry(name: str = "chat", revision: str = "1", **extra: object) -> dict:
+    return {"name": name, "spec": {"model_id": "m", "revision": revision}, **extra}
+
+
+@pytest.mark.parametrize(
+    ("deployments", "extra", "says"),
+    [
+        # one small message must not make an agent start a billion replicas
+        ([_entry(quota={"min": 10**9, "max": 10**9})], {}, "less than or equal to 10000"),
+        ([_entry(pool_quotas=[{"pool": "p", "max": 10**6}])], {}, "less than or equal to 10000"),
+        # names and revisions become replica ids (at most 128) and log file names
+        ([_entry(name="x" * 81)], {}, "at most 80 characters"),
+        ([_entry(name="../etc")], {}, "should match pattern"),
+        ([_entry(name="chat\x00")], {}, "should match pattern"),
+        ([_entry(revision="r" * 33)], {}, "should match pattern"),
+        # two entries of one name would each stop the other's replicas, for ever
+        ([_entry(revision="1"), _entry(revision="2")], {}, "deployment chat is listed twice"),
+        ([], {"generation": 2**64}, "less than or equal to"),
+    ],
+)
+def test_a_desired_state_an_agent_cannot_act_on_is_rejected(deployments, extra, says):
+    with pytest.raises(c.RejectedMessageError) as err:
+        c.decode_desired(_desired(deployments, **extra))
+    assert err.value.reason == "invalid" and says in str(err.value), str(err.value)
+
+
+def test_a_drain_deadline_without_a_zone_is_read_as_utc():
+    """Compared with the agent's aware clock, a naive one raised on every reconcile pass."""
+    instance = {"id": "i-1", "pool": "p", "draining": True, "drain_deadline": "2030-01-01T00:00:00"}
+    desired = c.decode_desired(_desired([_entry()], instances=[instance]))
+    deadline = desired.instances[0].drain_deadline
+    assert deadline is not None and deadline.utcoffset() == timedelta(0)

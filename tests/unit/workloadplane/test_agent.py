@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from controlplane.contracts import DesiredStateApplied, Envelope, ReplicaFailed, ReplicaStarted
 from tests.unit.workloadplane.builders import RecordingRuntime, make_deployment, make_desired
 from workloadplane.agent import Agent
+from workloadplane.runtime.gpus import InsufficientGpusError
 from workloadplane.state import DesiredStateStore
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -132,3 +134,55 @@ async def test_the_replicas_gauge_follows_the_listing_and_forgets_a_deleted_depl
         await runtime.stop(replica_id)
     await agent.reconcile_once()
     assert _replicas_metric(dep.name, "ready") is None
+
+
+class ShortOfGpus(RecordingRuntime):
+    async def start(self, deployment, spec, **kwargs):  # type: ignore[override]
+        raise InsufficientGpusError("1 GPU wanted, 0 free")
+
+
+async def test_a_start_short_of_gpus_is_logged_once_while_it_lasts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """It is retried every pass (2 s and every wake-up): a line each time, with a traceback
+    and the whole spec, filled the agent's log."""
+    agent, _ = make_agent(tmp_path, ShortOfGpus())
+    await agent.on_desired(make_desired(1, make_deployment(min_=1)))
+    with caplog.at_level(logging.WARNING, logger="workloadplane.agent"):
+        for _ in range(3):
+            await agent.reconcile_once()
+    lines = [r for r in caplog.records if "StartReplica chat" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "0 free" in lines[0].getMessage() and "model_id" not in lines[0].getMessage()
+
+
+async def test_replica_facts_go_out_when_the_pass_fails_after_noting_them(tmp_path: Path):
+    runtime = RecordingRuntime()
+    agent, bus = make_agent(tmp_path, runtime)
+    await agent.on_desired(make_desired(1, make_deployment(min_=1)))
+    await agent.reconcile_once()
+    runtime.make_ready()
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug after the listing")
+
+    agent._act = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await agent.reconcile_once()
+    assert [type(f).__name__ for f in bus.facts][-1] == "ReplicaStarted"
+
+
+async def test_the_heartbeat_goes_out_when_free_capacity_cannot_be_worked_out(tmp_path: Path):
+    """A heartbeat that raises is no heartbeat: the control plane would take a plane that
+    serves for dead."""
+
+    class BrokenInventory:
+        def gpu_capacity(self) -> tuple[int, int]:
+            raise RuntimeError("a bug in reconcile or the inventory")
+
+    runtime = RecordingRuntime()
+    agent, _ = make_agent(tmp_path, runtime)
+    agent.gpus = BrokenInventory()  # type: ignore[assignment]
+    await agent.on_desired(make_desired(2, make_deployment(min_=1)))
+    beat = await agent.observed_state()
+    assert beat.observed_generation == 0 and beat.free_capacity == []

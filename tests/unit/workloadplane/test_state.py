@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from tests.unit.workloadplane.builders import make_deployment, make_desired
 from workloadplane.state import (
     SLOT_FILES,
     STATE_FILE,
     DesiredStateStore,
+    StateDirInUseError,
     frame,
+    lock_state_dir,
     should_apply,
     unframe,
 )
@@ -84,3 +89,27 @@ def test_only_newer_generations_for_this_cluster_apply():
     assert not should_apply(g2, make_desired(2), "a")
     assert not should_apply(g2, make_desired(1), "a")
     assert not should_apply(None, make_desired(9, cluster="b"), "a")
+
+
+def test_a_snapshot_of_another_cluster_in_the_folder_is_not_loaded(tmp_path: Path):
+    """Cluster b's newer file copied into a's folder: a would start b's deployments and
+    acknowledge b's generation as its own."""
+    DesiredStateStore(tmp_path / "b").save(make_desired(50, make_deployment(), cluster="b"))
+    store = DesiredStateStore(tmp_path / "a")
+    store.save(make_desired(3, cluster="a"))
+    for slot in SLOT_FILES:  # b's slot where a keeps its other one
+        if not (tmp_path / "a" / slot).exists() or (tmp_path / "a" / slot).stat().st_size == 0:
+            (tmp_path / "a" / slot).write_bytes((tmp_path / "b" / SLOT_FILES[0]).read_bytes())
+    loaded = DesiredStateStore(tmp_path / "a").load("a")
+    assert loaded is not None and (loaded.cluster, loaded.generation) == ("a", 3)
+    assert DesiredStateStore(tmp_path / "a").load().generation == 50  # type: ignore[union-attr]
+
+
+def test_one_agent_per_state_folder(tmp_path: Path):
+    held = lock_state_dir(tmp_path)
+    try:
+        with pytest.raises(StateDirInUseError, match=f"pid {os.getpid()}"):
+            lock_state_dir(tmp_path)
+    finally:
+        held.close()
+    lock_state_dir(tmp_path).close()  # released with its holder
