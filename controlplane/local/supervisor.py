@@ -60,6 +60,13 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+CONTROL_PLANE_SECRETS = frozenset(
+    {"GPUFLEET_NATS_USER", "GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "GPUFLEET_REDIS_URL"}
+)
+"""What `up` gives the control plane's processes and no workload-plane one: the NATS user
+that may write every plane's desired state, the database, the broker."""
+
+
 @dataclass
 class Child:
     """A supervised process in a process group of its own: restarted with backoff when it
@@ -71,6 +78,9 @@ class Child:
     port: int | None = None
     after_stop: Callable[[], None] | None = None
     """Runs after the process stopped (e.g. stop the replicas an agent leaves for adoption)."""
+    plane: bool = False
+    """A workload-plane process (agent, router, gateway): it gets none of the control
+    plane's credentials (``CONTROL_PLANE_SECRETS``); it has its own NATS user's file."""
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -79,6 +89,8 @@ class Child:
     def start(self, base_env: dict[str, str], log_dir: Path, now: float) -> None:
         log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
+            if self.plane:
+                base_env = {k: v for k, v in base_env.items() if k not in CONTROL_PLANE_SECRETS}
             self.process = subprocess.Popen(
                 self.argv,
                 env={**base_env, **self.env},

@@ -133,7 +133,12 @@ def processes(
         # it publishes the plane's load for the gateways, as the cluster's NATS user
         router_argv += ["--cluster", cluster, "--credentials-file", str(creds)]
         children.append(
-            Child(f"router-{cluster}", [py, "-m", "gpufleet_cli", *router_argv], port=router_port)
+            Child(
+                f"router-{cluster}",
+                [py, "-m", "gpufleet_cli", *router_argv],
+                port=router_port,
+                plane=True,
+            )
         )
         children.append(
             Child(
@@ -160,6 +165,7 @@ def processes(
                     *(["--metrics-port", str(metrics.agent(i))] if metrics else []),
                 ],
                 after_stop=lambda state=state: stop_recorded_replicas(state / "runtime"),
+                plane=True,
             )
         )
     for i, (gw, creds) in enumerate(gateways):
@@ -167,7 +173,10 @@ def processes(
         argv = ["gateway", "--name", gw.name, "--region", gw.region, "--port", str(port)]
         argv += ["--state-dir", str(data / "gateways" / gw.name), "--credentials-file", str(creds)]
         argv += ["--zones-only"]  # every plane is on this machine: measured RTTs are all ~0
-        children.append(Child(f"gateway-{gw.name}", [py, "-m", "gpufleet_cli", *argv], port=port))
+        gateway = Child(
+            f"gateway-{gw.name}", [py, "-m", "gpufleet_cli", *argv], port=port, plane=True
+        )
+        children.append(gateway)
     return children
 
 

@@ -118,3 +118,41 @@ def test_waiting_for_a_port_ends_at_once_when_its_server_exits():
         server.bind(("127.0.0.1", 0))
         server.listen()
         wait_for_port(server.getsockname()[1], timeout_s=5, alive=lambda: False)  # it answers
+
+
+def test_a_workload_plane_process_gets_none_of_the_control_planes_credentials(tmp_path):
+    """`up` hands its children the control plane's NATS user (it may write every plane's
+    desired state) and the database: an agent, router or gateway has its own NATS user's
+    file and must not hold them (an engine under an agent runs model code)."""
+    base = {
+        **os.environ,
+        "GPUFLEET_NATS_USER": "controlplane",
+        "GPUFLEET_NATS_PASSWORD": "cp-secret",
+        "GPUFLEET_DATABASE_URL": "postgresql://gpufleet:cp-secret@127.0.0.1/gpufleet",
+        "GPUFLEET_REDIS_URL": "redis://127.0.0.1:1/0",
+        "GPUFLEET_NATS_URL": "nats://127.0.0.1:4222",
+    }
+    dump = [sys.executable, "-c", "import os, sys; sys.stdout.write(repr(sorted(os.environ)))"]
+    seen = {}
+    for name, plane in (("agent-use1", True), ("api", False)):
+        child = Child(name, dump, plane=plane)
+        child.start(base, tmp_path, now=0.0)
+        assert child.process is not None and child.process.wait(30) == 0
+        seen[name] = (tmp_path / f"{name}.log").read_text()
+    for secret in ("GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "GPUFLEET_REDIS_URL"):
+        assert secret not in seen["agent-use1"] and secret in seen["api"]
+    assert "GPUFLEET_NATS_URL" in seen["agent-use1"]  # where NATS is stays
+
+
+def test_up_starts_agents_routers_and_gateways_as_workload_plane_processes(tmp_path):
+    from controlplane.local.gateways import GATEWAYS
+    from controlplane.local.up import processes
+    from controlplane.settings import Settings
+
+    settings = Settings(data_dir=tmp_path)
+    children = processes(
+        settings, {"use1-a": tmp_path / "a.creds"}, [(GATEWAYS[0], tmp_path / "g.creds")]
+    )
+    planes = sorted(c.name for c in children if c.plane)
+    assert planes == ["agent-use1-a", "gateway-use1", "router-use1-a"]
+    assert {"api", "worker", "beat", "bus"} <= {c.name for c in children if not c.plane}
