@@ -335,30 +335,44 @@ class Agent:
         return effective
 
     async def _carry_out(self, actions: list[StartReplica | StopReplica | DrainReplica]) -> None:
+        """In order; a run of stops at once (each may wait out a grace period on a hung
+        engine: 8 of them one after the other held the action lock two minutes)."""
         started = False
-        for action in actions:
-            try:
-                if isinstance(action, StartReplica):
-                    await self.runtime.start(
-                        action.deployment,
-                        action.spec,
-                        pool=action.pool,
-                        instance=action.instance,
-                        serves=action.serves,
-                    )
-                    started = True
-                elif isinstance(action, DrainReplica):
-                    await self.runtime.drain(action.replica_id)
-                elif isinstance(action, StopReplica):
-                    await self.runtime.stop(action.replica_id)
-            except Exception as exc:
-                self._runtime_failed(action, exc)
-            else:
-                self._failing.pop(_subject(action), None)
+        stops: list[StopReplica] = []
+        for action in [*actions, None]:
+            if isinstance(action, StopReplica):
+                stops.append(action)
+                continue
+            if stops:
+                await asyncio.gather(*(self._do(stop) for stop in stops))
+                stops = []
+            if action is not None and await self._do(action):
+                started = started or isinstance(action, StartReplica)
         if started and self.router is not None:
             # the router sees the starting replica at once: requests arriving now wait for
             # it instead of waking the autoscaler again
             self.router.set_replicas(await self.runtime.list_replicas())
+
+    async def _do(self, action: StartReplica | StopReplica | DrainReplica) -> bool:
+        """Carry out one action; False if it failed (logged, retried next pass)."""
+        try:
+            if isinstance(action, StartReplica):
+                await self.runtime.start(
+                    action.deployment,
+                    action.spec,
+                    pool=action.pool,
+                    instance=action.instance,
+                    serves=action.serves,
+                )
+            elif isinstance(action, DrainReplica):
+                await self.runtime.drain(action.replica_id)
+            else:
+                await self.runtime.stop(action.replica_id)
+        except Exception as exc:
+            self._runtime_failed(action, exc)
+            return False
+        self._failing.pop(_subject(action), None)
+        return True
 
     def _runtime_failed(
         self, action: StartReplica | StopReplica | DrainReplica, exc: Exception

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,3 +187,31 @@ async def test_the_heartbeat_goes_out_when_free_capacity_cannot_be_worked_out(tm
     await agent.on_desired(make_desired(2, make_deployment(min_=1)))
     beat = await agent.observed_state()
     assert beat.observed_generation == 0 and beat.free_capacity == []
+
+
+class SlowStops(RecordingRuntime):
+    """Each stop yields while it waits out its (simulated) grace period."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = self.most = 0
+
+    async def stop(self, replica_id: str) -> None:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.active -= 1
+        await super().stop(replica_id)
+
+
+async def test_the_replicas_of_a_removed_deployment_stop_at_once_not_one_by_one(tmp_path: Path):
+    """A hung engine takes its whole stop grace period: eight, one after the other, held the
+    action lock (the autoscaler, the acknowledgement) for two minutes."""
+    runtime = SlowStops()
+    agent, _ = make_agent(tmp_path, runtime)
+    await agent.on_desired(make_desired(1, make_deployment(min_=8, max_=8)))
+    await agent.reconcile_once()  # eight starting replicas
+    await agent.on_desired(make_desired(2))
+    await agent.reconcile_once()
+    assert runtime.replicas == {} and runtime.most == 8
