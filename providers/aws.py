@@ -15,7 +15,8 @@ from typing import Any
 
 from boto3.session import Session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from providers.base import (
     Instance,
@@ -30,6 +31,7 @@ from providers.base import (
     PurchaseType,
     QuotaExceeded,
     Throttled,
+    Unavailable,
     check_count,
     check_idempotency_key,
 )
@@ -59,11 +61,16 @@ _CAPACITY = {
 }
 _THROTTLE = {"RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled"}
 _QUOTA = {"MaxSpotInstanceCountExceeded"}
+_UNAVAILABLE = {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable",
+                "RequestTimeout"}  # fmt: skip
 
 
-def error_for(code: str, message: str, doing: str) -> ProviderError:
-    """The typed error for an EC2 error `code`; `doing` names the call for the message."""
+def error_for(code: str, message: str, doing: str, status: int = 400) -> ProviderError:
+    """The typed error for an EC2 error `code` (and HTTP `status`); `doing` names the call
+    for the message."""
     said = f"AWS refused {doing}: {code}: {message}"
+    if code in _UNAVAILABLE:
+        return Unavailable(f"AWS failed {doing}: {code}: {message}; retried as it was")
     if code in _CAPACITY:
         return InsufficientCapacity(
             f"{said}; try another zone, region or purchase type, or retry later"
@@ -81,13 +88,19 @@ def error_for(code: str, message: str, doing: str) -> ProviderError:
         "UnsupportedOperation",
     }:
         return InvalidRequest(f"{said}; fix the pool or adapter configuration")
+    if status >= 500:  # a code not known here, on a server error (EC2 throttles with 503)
+        return Unavailable(f"AWS failed {doing}: {code}: {message}; retried as it was")
     return ProviderError(said)
 
 
 def _translate(exc: Exception, doing: str) -> ProviderError:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
-        return error_for(str(err.get("Code", "Unknown")), str(err.get("Message", "")), doing)
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 400
+        code, message = str(err.get("Code", "Unknown")), str(err.get("Message", ""))
+        return error_for(code, message, doing, int(status))
+    if isinstance(exc, HTTPClientError | BotoConnectionError):  # no answer (a timeout too)
+        return Unavailable(f"AWS did not answer {doing}: {exc}; retried as it was")
     return ProviderError(f"AWS call failed during {doing}: {exc}; check the endpoint and network")
 
 

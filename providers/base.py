@@ -134,6 +134,14 @@ class Throttled(ProviderError):
     retryable = True
 
 
+class Unavailable(ProviderError):
+    """The provider did not answer, or failed on its side (a timeout, a broken connection,
+    a 5xx): the call may or may not have been carried out. Retry it as it was (an acquire
+    with the same idempotency key); it says nothing about the pool's capacity."""
+
+    retryable = True
+
+
 class NotFound(ProviderError):
     """The named object does not exist (or no longer exists)."""
 

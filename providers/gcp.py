@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+import requests
 from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import Credentials
 from google.cloud import compute_v1
 
@@ -36,6 +38,7 @@ from providers.base import (
     PurchaseType,
     QuotaExceeded,
     Throttled,
+    Unavailable,
     check_count,
     check_idempotency_key,
 )
@@ -100,10 +103,21 @@ def error_for_operation(code: str, message: str, doing: str) -> ProviderError:
     return ProviderError(said)
 
 
+TRANSPORT_ERRORS = (requests.RequestException, auth_exceptions.TransportError, gexc.RetryError)
+"""What the Compute client raises when GCE did not answer: `Unavailable`."""
+
+
+def unavailable(exc: Exception, doing: str) -> Unavailable:
+    return Unavailable(f"GCE did not answer {doing}: {exc}; retried as it was")
+
+
 def error_for_http(exc: gexc.GoogleAPICallError, doing: str) -> ProviderError:
-    """Typed error for an HTTP error of the Compute API (403/429 quota and rate limits)."""
+    """Typed error for an HTTP error of the Compute API (403/429 quota and rate limits;
+    a 5xx or a deadline: `Unavailable`)."""
     reasons = {str(e.get("reason", "")) for e in exc.errors if isinstance(e, dict)}
     said = f"GCE refused {doing}: HTTP {exc.code}: {exc.message}"
+    if isinstance(exc, gexc.ServerError | gexc.DeadlineExceeded):
+        return Unavailable(f"GCE failed {doing}: HTTP {exc.code}: {exc.message}; retried")
     if isinstance(exc, gexc.TooManyRequests) or reasons & {
         "rateLimitExceeded",
         "userRateLimitExceeded",
@@ -185,6 +199,8 @@ class GcpProvider:
                 machine_types = list(self._machine_types.list(project=self._project, zone=zone))
             except gexc.GoogleAPICallError as exc:
                 raise error_for_http(exc, f"listing machine types in {zone}") from exc
+            except TRANSPORT_ERRORS as exc:
+                raise unavailable(exc, f"listing machine types in {zone}") from exc
             for mt in machine_types:
                 if not mt.accelerators:
                     continue
@@ -232,10 +248,14 @@ class GcpProvider:
             pass  # the name exists: an earlier call with this key created it
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, doing) from exc
+        except TRANSPORT_ERRORS as exc:
+            raise unavailable(exc, doing) from exc
         try:
             raw = self._instances.get(project=self._project, zone=zone, instance=name)
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, f"reading {name} after creating it") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise unavailable(exc, f"reading {name} after creating it") from exc
         return self._instance(raw)
 
     def _resource(self, pool: PoolRef, key: str, name: str) -> compute_v1.Instance:
@@ -298,7 +318,7 @@ class GcpProvider:
                 project=self._project, zone=zone, operation=operation.name
             )
         else:
-            raise ProviderError(f"GCE operation {operation.name} ({doing}) did not finish; retry")
+            raise Unavailable(f"GCE operation {operation.name} ({doing}) did not finish; retried")
         if operation.error and operation.error.errors:
             first = operation.error.errors[0]
             raise error_for_operation(first.code, first.message, doing)
@@ -319,6 +339,8 @@ class GcpProvider:
             return
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, doing) from exc
+        except TRANSPORT_ERRORS as exc:
+            raise unavailable(exc, doing) from exc
 
     def list_instances(self) -> list[Instance]:
         request = compute_v1.AggregatedListInstancesRequest(project=self._project)
@@ -326,6 +348,8 @@ class GcpProvider:
             pages = list(self._instances.aggregated_list(request=request))
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, "listing instances") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise unavailable(exc, "listing instances") from exc
         return [
             self._instance(raw)
             for _, scoped in pages
@@ -349,6 +373,8 @@ class GcpProvider:
                 )
             except gexc.GoogleAPICallError as exc:
                 raise error_for_http(exc, f"listing operations in {zone}") from exc
+            except TRANSPORT_ERRORS as exc:
+                raise unavailable(exc, f"listing operations in {zone}") from exc
             for op in operations:
                 instance_id = f"{zone}/{_last(op.target_link)}"
                 if op.operation_type != PREEMPTED or instance_id not in live:

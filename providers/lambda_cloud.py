@@ -30,6 +30,7 @@ from providers.base import (
     PurchaseType,
     QuotaExceeded,
     Throttled,
+    Unavailable,
     check_count,
     check_idempotency_key,
 )
@@ -60,6 +61,8 @@ def error_for(status: int, code: str, message: str, doing: str) -> ProviderError
         return QuotaExceeded(f"{said}; ask Lambda to raise the account's instance limit")
     if status == 429:
         return Throttled(f"{said}; back off and retry")
+    if status >= 500:
+        return Unavailable(f"Lambda failed {doing}: {code or status}: {message}; retried")
     if code == "global/object-does-not-exist" or status == 404:
         return NotFound(f"{said}; check the instance type, region or instance id")
     if code in _INVALID or status == 400:
@@ -110,8 +113,8 @@ class LambdaProvider:
     def _request(self, doing: str, method: str, path: str, body: Any = None) -> Any:
         try:
             response = self._http.request(method, path, json=body)
-        except httpx.HTTPError as exc:
-            raise ProviderError(f"Lambda call failed during {doing}: {exc}; retry") from exc
+        except httpx.HTTPError as exc:  # no answer (a timeout, a broken connection)
+            raise Unavailable(f"Lambda did not answer {doing}: {exc}; retried as it was") from exc
         if response.is_success:
             return response.json().get("data")
         try:

@@ -25,7 +25,13 @@ from typing import Literal
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from providers.base import Instance as ProviderInstance
-from providers.base import InsufficientCapacity, ProviderError, QuotaExceeded, Throttled
+from providers.base import (
+    InsufficientCapacity,
+    ProviderError,
+    QuotaExceeded,
+    Throttled,
+    Unavailable,
+)
 
 ACTIVE = ("requested", "running")  # capacity placement may use
 HELD = ("requested", "running", "draining", "releasing")  # exists (or may) at the provider
@@ -276,12 +282,13 @@ def on_failure(exc: ProviderError, now: datetime, policy: Policy) -> Backoff:
     """| error                | rows      | pool                       | re-plan            |
     |----------------------|-----------|----------------------------|--------------------|
     | Throttled            | requested | unchanged (task retried)   | no                 |
+    | Unavailable          | requested | unchanged (task retried)   | no                 |
     | InsufficientCapacity | failed    | exhausted, cool-down       | capacity_exhausted |
     | QuotaExceeded        | failed    | quota_exceeded, cool-down  | quota_exceeded     |
     | anything else        | failed    | failing, cool-down         | procurement_failed |
     """
     name = type(exc).__name__
-    if isinstance(exc, Throttled):
+    if isinstance(exc, Throttled | Unavailable):  # the same key again: never a second launch
         return Backoff(name, retry=True)
     if isinstance(exc, InsufficientCapacity):
         until = now + timedelta(seconds=policy.exhausted_cooldown_s)

@@ -33,7 +33,6 @@ from controlplane.procurement import facts, offers, store
 from controlplane.procurement.adapters import pool_ref
 from controlplane.procurement.core import (
     ACTIVE,
-    HELD,
     Acquire,
     Action,
     Policy,
@@ -42,7 +41,7 @@ from controlplane.procurement.core import (
     repair,
     retry_in_s,
 )
-from providers.base import Provider, ProviderError, Throttled
+from providers.base import Provider, ProviderError, Throttled, Unavailable
 
 log = logging.getLogger("gpufleet.procurement")
 
@@ -165,7 +164,9 @@ def release_run(d: Deps, instance_id: str) -> Outcome:
         with transaction(d.factory) as session:
             store.record_release_error(session, instance_id, exc)
         return Outcome(
-            error=type(exc).__name__, retry=isinstance(exc, Throttled), provider=pool.provider.name
+            error=type(exc).__name__,
+            retry=isinstance(exc, Throttled | Unavailable),
+            provider=pool.provider.name,
         )
     with transaction(d.factory) as session:
         store.record_released(session, instance_id, pid, pool)
@@ -192,6 +193,16 @@ def dispatch(actions: Iterable[Action], send: Callable[..., Any]) -> None:
 # -- periodic sweeps -----------------------------------------------------------------------
 
 
+def _skipped(row: ProviderRow, doing: str, exc: Exception) -> None:
+    """A sweep goes on to the next provider: a typed error is a warning, anything else (a
+    transport error an adapter let through, a configuration its constructor refused) is
+    logged with its traceback."""
+    if isinstance(exc, ProviderError):
+        log.warning("%s of %s: %s", doing, row.name, exc)
+    else:
+        log.error("%s of %s failed: %r", doing, row.name, exc, exc_info=exc)
+
+
 def poll_interruptions_run(d: Deps) -> list[str]:
     """Ask each provider holding spot instances for notices; newly draining instances
     trigger one re-plan at once. Returns the provider instance ids that began draining."""
@@ -201,8 +212,8 @@ def poll_interruptions_run(d: Deps) -> list[str]:
     for row in rows:
         try:
             notices = d.providers(row).interruption_notices()
-        except ProviderError as exc:
-            log.warning("interruption notices of %s: %s", row.name, exc)
+        except Exception as exc:  # one provider down or broken: the others still polled
+            _skipped(row, "interruption notices", exc)
             continue
         if not notices:
             continue
@@ -227,8 +238,8 @@ def refresh_offers_run(d: Deps) -> int:
     for row in rows:
         try:
             listed = d.providers(row).offers()
-        except ProviderError as exc:
-            log.warning("offers of %s: %s", row.name, exc)
+        except Exception as exc:
+            _skipped(row, "offers", exc)
             continue
         with transaction(d.factory) as session:
             updated += offers.record(session, row.id, listed, d.clock())
@@ -241,14 +252,14 @@ def reconcile_run(d: Deps) -> dict[str, int]:
     instances gone, finish releases, delete orphans (launched for a key we gave up).
     Re-plans when capacity moved."""
     counts = {"adopted": 0, "resumed": 0, "gone": 0, "released": 0, "orphans": 0}
-    with transaction(d.factory) as session:
-        rows = store.providers_holding(session, HELD)
+    with transaction(d.factory) as session:  # all, not only those holding: orphans too
+        rows = store.providers_with_pools(session)
     for prow in rows:
         try:
             provider = d.providers(prow)
             listed = provider.list_instances()
-        except ProviderError as exc:
-            log.warning("list instances of %s: %s", prow.name, exc)
+        except Exception as exc:
+            _skipped(prow, "list instances", exc)
             continue
         with transaction(d.factory) as session:
             instances = store.instances_of(session, prow.id)

@@ -45,6 +45,13 @@ class Fault:
     message: str
     status: int
     times: int
+    after: bool = False
+    """Carry the call out, then close the connection without an answer (a timeout seen by
+    the client after the launch happened) instead of answering the error."""
+
+
+DROPPED = 0
+"""`handle`'s status for "close the connection, answer nothing"."""
 
 
 class Ec2Shim:
@@ -76,6 +83,11 @@ class Ec2Shim:
         with self._lock:
             self.faults.append(Fault(action, code, message, status, times))
 
+    def drop_reply(self, action: str, times: int = 1) -> None:
+        """The next `times` calls of `action` are carried out and their answers lost."""
+        with self._lock:
+            self.faults.append(Fault(action, "", "", DROPPED, times, after=True))
+
     def clear_faults(self) -> None:
         with self._lock:
             self.faults.clear()
@@ -95,8 +107,16 @@ class Ec2Shim:
         params = dict(parse_qsl(body.decode())) if form else {}
         action = params.get("Action", "")
         fault = self._take_fault(action) if action else None
+        if fault and fault.after:
+            self._carry_out(action, path, headers, body, params)
+            return DROPPED, b""
         if fault:
             return fault.status, error_xml(fault.code, fault.message)
+        return self._carry_out(action, path, headers, body, params)
+
+    def _carry_out(
+        self, action: str, path: str, headers: dict[str, str], body: bytes, params: dict[str, str]
+    ) -> tuple[int, bytes]:
         if action == "CreateCapacityReservation":
             return 200, self._create_reservation(params)
         if action == "DescribeCapacityReservations":
@@ -189,6 +209,9 @@ class Ec2Shim:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 headers.pop("host", None)
                 status, reply = shim.handle(self.path, headers, body)
+                if status == DROPPED:
+                    self.close_connection = True
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "text/xml")
                 self.send_header("Content-Length", str(len(reply)))

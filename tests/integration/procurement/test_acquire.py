@@ -170,3 +170,45 @@ def test_aws_worker_killed_mid_call_makes_one_ec2_instance(factory, aws_provider
     assert [i.id for i in mine] == out.acquired == [row.provider_instance_id]
     tasks.release_run(make_deps(factory, aws_provider, sent, clock), row.id)
     assert row.provider_instance_id not in {i.id for i in aws_provider.list_instances()}
+
+
+def test_an_ec2_launch_whose_answer_is_lost_is_retried_into_the_same_instance(
+    factory, aws_provider, ec2_shim, sent, clock
+):
+    """EC2 launched the instance and the answer never came (a read timeout, a dropped
+    connection): the pool is not blocked for 30 minutes nor the key given up — which had
+    the next plan buy a second instance while the first billed, unseen."""
+    fleet = make_fleet(factory, kind="aws", region="us-east-1")
+    pool = fleet.pool(purchase="on_demand", gpi=1, instance_type="g6e.xlarge")
+    d = make_deps(factory, aws_provider, sent, clock)
+    ec2_shim.drop_reply("RunInstances")
+    out = tasks.acquire_run(d, pool, 1, "aws-lost-answer")
+    assert out.retry and out.error == "Unavailable" and not out.acquired
+    assert [r.state for r in rows(factory)] == ["requested"]
+    status = pool_status(factory, pool)
+    assert not any(status.get(k) for k in ("failing_until", "exhausted_until", "quota_until")), (
+        status
+    )
+    assert sent.replans == []
+    again = tasks.acquire_run(d, pool, 1, "aws-lost-answer")  # the task's retry
+    (row,) = rows(factory)
+    mine = [i for i in aws_provider.list_instances() if i.idempotency_key == row.idempotency_key]
+    assert [i.id for i in mine] == again.acquired == [row.provider_instance_id]
+    tasks.release_run(d, row.id)
+
+
+def test_an_instance_of_a_failed_request_is_deleted_when_its_provider_holds_nothing_else(
+    factory, fleet, local, sent, clock
+):
+    """The launch failed for us (its row `failed`) but happened at the provider: the
+    reconcile sweep deletes it — also when the provider holds nothing else, which the sweep
+    used not to visit at all (the instance billed for ever)."""
+    pool = fleet.pool()
+    d = make_deps(factory, local, sent, clock)
+    assert tasks.acquire_run(d, pool, 1, "task-9").acquired
+    (row,) = rows(factory)
+    with transaction(factory) as s:  # as a failure recorded after the launch leaves it
+        s.get_one(m.Instance, row.id).state = "failed"
+    assert len(local.list_instances()) == 1
+    counts = tasks.reconcile_run(d)
+    assert counts["orphans"] == 1 and local.list_instances() == []

@@ -21,6 +21,8 @@ from controlplane.procurement.store import plan_procurement
 from controlplane.services.observed import DbSink
 from providers.base import InvalidRequest
 
+from .conftest import Fleet
+
 
 def plan(deps, wanted: dict[str, int]) -> list[Any]:
     with transaction(deps.factory) as s:
@@ -221,3 +223,39 @@ def test_providers_are_built_from_their_row(monkeypatch, tmp_path):
     row.credentials_ref = "vault:secret/lab"
     with pytest.raises(InvalidRequest, match="env:NAME or file:/path"):
         provider_config(row, tmp_path)
+
+
+def test_one_provider_down_or_broken_does_not_stop_the_sweeps_for_the_others(
+    deps, fleet, local, sent
+):
+    """Provider 1's API is unreachable (a raw transport error its adapter let through):
+    provider 2's spot notice still drains its instance, and its instances are still listed;
+    before, the first provider's error ended each sweep for every provider after it."""
+    with transaction(deps.factory) as s:
+        other = m.Provider(name="local-2", kind="local", provider_class="neocloud")
+        s.add(other)
+        s.flush()
+        region = m.Region(name="local-2-local", provider_id=other.id, code="local",
+                          jurisdiction="US", latitude=0.0, longitude=0.0)  # fmt: skip
+        s.add(region)
+        s.flush()
+        second = Fleet(deps.factory, other.id, region.id, fleet.gpu_type_id, fleet.cluster_id, 10)
+    broken_pool, pool = fleet.pool(purchase="spot", gpi=8), second.pool(purchase="spot", gpi=8)
+    carry_out(deps, plan(deps, {pool: 8, broken_pool: 8}))
+
+    class Unreachable:
+        kind = "local"
+
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                raise ConnectionError("connection refused")
+
+            return call
+
+    deps.providers = lambda row: Unreachable() if row.name == "local-1" else local
+    (held,) = instances(deps.factory, pool)
+    local.interrupt(held.provider_instance_id, notice=timedelta(minutes=2))
+    assert tasks.poll_interruptions_run(deps) == [held.provider_instance_id]
+    assert instance(deps.factory, held.id).state == "draining"
+    assert tasks.refresh_offers_run(deps) >= 1  # provider 2's pool
+    tasks.reconcile_run(deps)  # provider 1 skipped, not raised
