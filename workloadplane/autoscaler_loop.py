@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from prometheus_client import Counter
 
 from controlplane.contracts import DeploymentDesired, ReplicaState, ReplicaStatus, ScheduleWindow
 from workloadplane.autoscaling import (
@@ -35,6 +38,15 @@ from workloadplane.router.core import Backend, Router, concurrency_limit
 from workloadplane.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
+
+DECISION_FAILURES = Counter(
+    "gpufleet_agent_autoscale_failures_total",
+    "Autoscaling decisions for one deployment that raised (it holds; the others go on)",
+)
+HELD_LOAD_UNKNOWN = Counter(
+    "gpufleet_agent_autoscale_held_total",
+    "Autoscaling decisions not taken because the router's load report was stale",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +111,10 @@ def schedule_rules(windows: Sequence[ScheduleWindow]) -> tuple[ScheduleRule, ...
 
 
 def parse_gauges(text: str) -> Gauges:
-    """``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` from a /metrics page."""
+    """``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` from a /metrics page.
+    A value that is not a finite number at least 0 (``NaN``, ``+Inf``, a negative one) is
+    left out: the policy divides and rounds these, and one bad replica must not make a
+    decision impossible. KV-cache usage is a fraction: clamped to [0, 1]."""
     waiting, kv = 0.0, []
     for line in text.splitlines():
         if not line.startswith("vllm:"):
@@ -116,10 +131,14 @@ def parse_gauges(text: str) -> Gauges:
             value = float(fields[0])
         except ValueError:
             continue
+        if not math.isfinite(value) or value < 0:
+            continue
         if name == "vllm:num_requests_waiting":
             waiting += value
         elif name == "vllm:kv_cache_usage_perc":
-            kv.append(value)
+            kv.append(min(value, 1.0))
+    if not math.isfinite(waiting):  # finite values whose sum overflowed
+        waiting = 0.0
     return Gauges(waiting, sum(kv) / len(kv) if kv else 0.0)
 
 
@@ -143,6 +162,8 @@ class Autoscaler:
         self._max: dict[str, int] = {}
         self.confirm: dict[str, float] = {}
         """deployment → seconds after its last decision to decide again (Decision.confirm_in)"""
+        self._failing: set[str] = set()  # deployments whose last decision raised
+        self._load_unknown = False  # the router's load report is stale (logged once)
 
     # --- waking -----------------------------------------------------------------------------
     async def woken(self, timeout: float) -> set[str]:
@@ -194,8 +215,12 @@ class Autoscaler:
         now: datetime,
         leaving: Collection[str] = (),
     ) -> Decision | None:
-        """Run the policy for ``deployment`` at ``now``; None if its knobs are invalid.
-        ``leaving``: replicas reconcile is replacing (see ``signals``)."""
+        """Run the policy for ``deployment`` at ``now``. ``leaving``: replicas reconcile is
+        replacing (see ``signals``). None (nothing to carry out, the deployment holds) when
+        its knobs are invalid; when the router's load is not known (its report is stale: no
+        decision and no sample, where a sample of zero load could scale it to zero); or
+        when deciding raised (logged once until it succeeds again, and counted): one
+        deployment's failure never stops the others' decisions."""
         name = deployment.name
         target = concurrency_limit(deployment, self.router.config)
         try:
@@ -203,7 +228,46 @@ class Autoscaler:
         except ValueError as exc:
             log.warning("autoscaling of %s skipped: %s", name, exc)
             return None
+        try:
+            decision = self._decide(deployment, policy, replicas, now, leaving)
+        except Exception:
+            DECISION_FAILURES.inc()
+            if name not in self._failing:
+                log.exception(
+                    "autoscaling of %s failed; it holds at its current count while the other "
+                    "deployments are decided (logged once until it succeeds again)",
+                    name,
+                )
+            self._failing.add(name)
+            return None
+        if decision is not None and name in self._failing:
+            self._failing.discard(name)
+            log.info("autoscaling of %s decides again", name)
+        return decision
+
+    def _decide(
+        self,
+        deployment: DeploymentDesired,
+        policy: Policy,
+        replicas: Sequence[ReplicaStatus],
+        now: datetime,
+        leaving: Collection[str],
+    ) -> Decision | None:
+        name = deployment.name
         signals = self.signals(deployment, replicas, now, leaving)
+        if signals is None:
+            HELD_LOAD_UNKNOWN.inc()
+            if not self._load_unknown:
+                self._load_unknown = True
+                log.warning(
+                    "the router's load report is stale (the router does not answer "
+                    "/internal/load): autoscaling holds every deployment, taking no "
+                    "decision and no sample, until it answers again"
+                )
+            return None
+        if self._load_unknown:
+            self._load_unknown = False
+            log.info("the router's load is known again: autoscaling resumes")
         previous = self.last.get(name)
         decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
         self.last[name] = decision
@@ -241,16 +305,24 @@ class Autoscaler:
         replicas: Sequence[ReplicaStatus],
         now: datetime,
         leaving: Collection[str] = (),
-    ) -> Signals:
+    ) -> Signals | None:
         """Replicas of an older revision, and the ``leaving`` ones (on a draining instance or
         a pool no longer used), count as draining: reconcile replaces them, so they are not
         capacity (their requests are still load), and a scale-down never picks them instead
-        of a replica that stays."""
+        of a replica that stays. None when the router's load is not known (``Router.fresh``)."""
+        mine = [r for r in replicas if r.deployment == deployment.name]
+        in_flight: dict[str, int] = {}
+        for r in mine:
+            count = self.router.replica_in_flight(r.replica_id)
+            if count is None:
+                return None
+            in_flight[r.replica_id] = count
+        _, queued = self.router.load(deployment.name)
+        if not self.router.fresh:  # asked after reading: fresh now, fresh all along
+            return None
         fresh_after = now.timestamp() - 3 * self.scrape_interval
         out, failed_starts = [], 0
-        for r in replicas:
-            if r.deployment != deployment.name:
-                continue
+        for r in mine:
             before = self._phases.get(r.replica_id)
             self._phases[r.replica_id] = r.state
             if r.state == "failed":
@@ -265,12 +337,11 @@ class Autoscaler:
                 ReplicaSignal(
                     r.replica_id,
                     phase,
-                    self.router.replica_in_flight(r.replica_id),
+                    in_flight[r.replica_id],
                     gauges.num_requests_waiting,
                     gauges.kv_cache_usage_perc,
                 )
             )
-        _, queued = self.router.load(deployment.name)
         return Signals(tuple(out), queued, failed_starts)
 
     def _schedule(self, deployment: DeploymentDesired) -> tuple[ScheduleRule, ...]:
@@ -309,6 +380,7 @@ class Autoscaler:
         ):
             for name in [n for n in table if n not in keep]:
                 del table[name]
+        self._failing &= set(keep)
         for table in (self._phases, self.gauges):
             for rid in [r for r in table if r not in replicas]:
                 del table[rid]

@@ -3,7 +3,9 @@
 Pure: no clock reads, no I/O — callers pass ``now``. Tier 0 is the highest priority. When the
 queue is full, an arrival of a higher tier sheds the newest entry of the lowest tier below
 it (that one gets a 429), otherwise the arrival itself is refused. A retried request goes
-back to the head of its tier (``requeue``), ignoring the bound: it was admitted already.
+back to the head of its tier (``requeue``), ignoring the bound: it was admitted already,
+and it is never shed (it was sent once; a 429 now would turn the replica's failure into the
+client's) — if only requeued entries are below the arrival, the arrival is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class Waiting(Generic[T]):
     tier: int
     enqueued_at: float
     seq: int = field(default=0)
+    requeued: bool = False
+    """Put back by ``requeue`` (a retry): never shed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +62,28 @@ class AdmissionQueue(Generic[T]):
         tier = self._tier(tier)
         shed: Waiting[T] | None = None
         if self._len >= self.max_length:
-            lower = next((t for t in range(self.tiers - 1, tier, -1) if self._tiers[t]), None)
-            if lower is None:
+            shed = self._sheddable(tier)
+            if shed is None:
                 return Offer(False)
-            _, shed = self._tiers[lower].popitem(last=True)
+            del self._tiers[shed.tier][shed.seq]
             self._len -= 1
         entry = Waiting(item, tier, now, next(self._seq))
         self._tiers[tier][entry.seq] = entry
         self._len += 1
         return Offer(True, entry, shed)
 
+    def _sheddable(self, tier: int) -> Waiting[T] | None:
+        """The newest entry that was never requeued, in the lowest tier below ``tier``
+        that has one."""
+        for lower in range(self.tiers - 1, tier, -1):
+            for entry in reversed(self._tiers[lower].values()):
+                if not entry.requeued:
+                    return entry
+        return None
+
     def requeue(self, item: T, tier: int, now: float) -> Waiting[T]:
         """Put an admitted item back at the head of its tier (a retry), bound or not."""
-        entry = Waiting(item, self._tier(tier), now, next(self._seq))
+        entry = Waiting(item, self._tier(tier), now, next(self._seq), requeued=True)
         queue = self._tiers[entry.tier]
         queue[entry.seq] = entry
         queue.move_to_end(entry.seq, last=False)

@@ -23,6 +23,7 @@ from workloadplane.router import errors
 from workloadplane.router.core import (
     Backend,
     DeploymentEntry,
+    DeploymentGoneError,
     NoCapacityError,
     QueueFullError,
     QueueTimeoutError,
@@ -196,6 +197,7 @@ class RouterApp:
         client = ClientWatch(receive)
         try:
             exchange = await self.dispatcher.dispatch(entry, ticket, forward, client.gone)
+            dep = exchange.deployment  # a lane's request may have moved to its deployment
             try:
                 relayed = await relay(
                     exchange.response, stream, send, client, [rid_header], f"deployment {dep}"
@@ -231,6 +233,12 @@ class RouterApp:
                 "0): ask for quota"
             )
             await fail(errors.NO_CAPACITY, message, "no_capacity", dep)
+        except DeploymentGoneError:
+            message = (
+                f"deployment {dep} was removed from this plane while the request waited: "
+                "send it again; GET /v1/models lists the models served here"
+            )
+            await fail(errors.NO_CAPACITY, message, "deployment_removed", dep)
         except ClientGoneError:
             self.metrics.answered(dep, "499")
         except UpstreamError as exc:
@@ -268,7 +276,7 @@ class RouterApp:
                 complete = True
             finally:
                 exchange.close()
-        except (QueueFullError, QueueTimeoutError, NoCapacityError):
+        except (QueueFullError, QueueTimeoutError, NoCapacityError, DeploymentGoneError):
             self.metrics.shadow.labels(shadow.name, "dropped").inc()
             self.router.count_dropped(shadow.name)
             return

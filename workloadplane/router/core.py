@@ -95,6 +95,11 @@ class NoCapacityError(Exception):
     pass
 
 
+class DeploymentGoneError(Exception):
+    """The deployment left the desired set (or, a rollout lane, lost every replica) while
+    the request waited for it: it will not be served there."""
+
+
 class Backend:
     """One replica as the router sees it."""
 
@@ -252,6 +257,9 @@ class Router:
         self._usage: dict[str, list[int]] = {}
         self._lanes: dict[str, list[DeploymentEntry]] = {}
         self._outcomes: dict[str, _Outcomes] = {}
+        self._since: dict[str, str] = {}
+        """The ``since`` of each name's counters (see ``_prune_counters``)."""
+        self._prunes = 0
 
     # --- feeding -------------------------------------------------------------------------
     def set_deployments(self, deployments: Sequence[DeploymentDesired]) -> None:
@@ -294,14 +302,16 @@ class Router:
         self._rebuild_aliases()
 
     def _attach(self) -> None:
-        for name in [n for n in self.deployments if n not in self._desired]:
-            entry = self.deployments[name]
-            if not any(b.deployment == name for b in self.backends.values()) and not entry.queue:
-                del self.deployments[name]  # undesired, and its last replica is gone
         for entry in self.deployments.values():
             mine = {rid: b for rid, b in self.backends.items() if b.deployment == entry.name}
             if mine.keys() != entry.backends.keys():
                 entry.backends, entry.ring = mine, None
+            if entry.queue and self._closed(entry):
+                self._fail_queued(entry)
+        for name in [n for n, e in self.deployments.items() if n not in self._desired]:
+            if not self.deployments[name].backends:
+                del self.deployments[name]  # undesired, and its last replica is gone
+        self._prune_counters()
         self._rebuild_aliases()
         lanes: dict[str, list[DeploymentEntry]] = {}
         for entry in sorted(self.deployments.values(), key=lambda e: e.name):
@@ -311,13 +321,51 @@ class Router:
         for entry in self.deployments.values():
             self._pump(entry)
 
+    def _closed(self, entry: DeploymentEntry) -> bool:
+        """Requests waiting for ``entry`` would wait in vain: it is no longer desired, or it
+        is a rollout lane without any replica (its share goes to its deployment)."""
+        return entry.name not in self._desired or bool(entry.serves and not entry.backends)
+
+    def _fail_queued(self, entry: DeploymentEntry) -> None:
+        """Fail every request waiting for ``entry`` at once (``DeploymentGoneError``; the
+        dispatcher moves a lane's to the deployment it serves) rather than at the end of
+        ``queue_max_wait_s``."""
+        while entry.queue:
+            ticket = entry.queue.pop().item
+            if ticket.future is not None and not ticket.future.done():
+                ticket.future.set_exception(DeploymentGoneError(entry.name))
+
+    def _prune_counters(self) -> None:
+        """Drop the counters of names that left ``deployments`` (no longer desired, last
+        replica gone): the agent reports only desired ones, so it has read them for the last
+        time, and every rollout lane would otherwise add a name for good. A name counted
+        again later starts from zero under a new ``since``, which the control plane takes
+        for a restarted router (``controlplane.costs.counted``, ``rollouts.outcomes_delta``)."""
+        gone = [n for n in self._since if n not in self.deployments]
+        for name in gone:
+            self._usage.pop(name, None)
+            self._outcomes.pop(name, None)
+            del self._since[name]
+        self._prunes += bool(gone)
+
+    def _since_of(self, name: str) -> str:
+        since = self._since.get(name)
+        if since is None:
+            since = self._since[name] = (
+                f"{self.since}.{self._prunes}" if self._prunes else self.since
+            )
+        return since
+
     def _rebuild_aliases(self) -> None:
+        """Model names → desired deployments only: a deleted deployment (or rolled-back
+        lane) kept while its last replicas drain answers no new request (404)."""
+        desired = [e for e in self.deployments.values() if e.name in self._desired]
         aliases: dict[str, str] = {}
-        for entry in self.deployments.values():
+        for entry in desired:
             for b in entry.backends.values():
                 for m in b.models:
                     aliases.setdefault(m, entry.name)
-        for entry in self.deployments.values():
+        for entry in desired:
             aliases[entry.name] = entry.name
         self._aliases = aliases
 
@@ -368,7 +416,7 @@ class Router:
         rollout lanes: they answer their deployment's name)."""
         out: list[tuple[str, str | None]] = []
         for entry in self.deployments.values():
-            if entry.serves:
+            if entry.serves or entry.name not in self._desired:
                 continue
             out.append((entry.name, None))
             extra = set().union(*[b.models for b in entry.backends.values()]) - {entry.name}
@@ -391,7 +439,10 @@ class Router:
         """Add one answer's tokens and bytes to the deployment's counters (counts only:
         never a prompt or a completion is kept); ``cross_region``: a gateway sends it on to
         a client in another region (its bytes are data transfer)."""
-        counts = self._usage.setdefault(deployment, [0, 0, 0, 0])
+        counts = self._usage.get(deployment)
+        if counts is None:
+            self._since_of(deployment)
+            counts = self._usage[deployment] = [0, 0, 0, 0]
         counts[0] += max(0, input_tokens)
         counts[1] += max(0, output_tokens)
         counts[2] += max(0, response_bytes)
@@ -402,6 +453,7 @@ class Router:
         counts = self._outcomes.get(deployment)
         if counts is None:
             width = len(LATENCY_BUCKETS_S) + 1
+            self._since_of(deployment)
             counts = self._outcomes[deployment] = _Outcomes([0] * width, [0] * width)
         return counts
 
@@ -428,7 +480,7 @@ class Router:
         if c is None:
             return None
         return OutcomeCounters(
-            since=self.since,
+            since=self._since_of(deployment),
             requests=c.requests,
             errors=c.errors,
             ttft_buckets=list(c.ttft),
@@ -442,14 +494,22 @@ class Router:
         if counts is None:
             return None
         return TokenCounters(
-            since=self.since,
+            since=self._since_of(deployment),
             input_tokens=counts[0],
             output_tokens=counts[1],
             response_bytes=counts[2],
             cross_region_bytes=counts[3],
         )
 
-    def replica_in_flight(self, replica_id: str) -> int:
+    @property
+    def fresh(self) -> bool:
+        """Whether ``load`` and ``replica_in_flight`` are the router's current counts: always
+        in the router's own process (``RemoteRouter``: not while its report is stale)."""
+        return True
+
+    def replica_in_flight(self, replica_id: str) -> int | None:
+        """Requests on the replica now (0 for one the router does not know); None: unknown
+        (``RemoteRouter`` with a stale report), which a drain must not take for 0."""
         backend = self.backends.get(replica_id)
         return backend.outstanding if backend is not None else 0
 
@@ -523,17 +583,30 @@ class Router:
         return self._assign(entry, backend, ticket) if backend is not None else None
 
     async def acquire(
-        self, entry: DeploymentEntry, ticket: Ticket, *, retry: bool = False
+        self,
+        entry: DeploymentEntry,
+        ticket: Ticket,
+        *,
+        retry: bool = False,
+        wait_s: float | None = None,
     ) -> Backend:
-        """A backend with a slot taken for ``ticket``; waits in the queue if none is free.
-        ``retry``: the ticket goes back to the head of its tier and is never shed."""
+        """A backend with a slot taken for ``ticket``; waits in the queue if none is free,
+        at most ``wait_s`` seconds (default ``queue_max_wait_s``; 0 or less: not at all),
+        then ``QueueTimeoutError``. ``retry``: the ticket goes back to the head of its tier
+        and is never shed. ``DeploymentGoneError`` when ``entry`` is closed (``_closed``),
+        now or while the ticket waits."""
         backend = self.try_acquire(entry, ticket)
         if backend is not None:
             return backend
+        if self._closed(entry):
+            raise DeploymentGoneError(entry.name)
         if entry.max_replicas == 0 and not any(
             b.routable or b.state == "starting" for b in entry.backends.values()
         ):
             raise NoCapacityError(entry.name)
+        wait_s = self.config.queue_max_wait_s if wait_s is None else wait_s
+        if wait_s <= 0:
+            raise QueueTimeoutError(entry.name)
         now = self.clock()
         ticket.future = asyncio.get_running_loop().create_future()
         if retry:
@@ -552,9 +625,7 @@ class Router:
                     shed.set_exception(QueueFullError(retry_after))
         self._pump(entry)
         try:
-            return await asyncio.wait_for(
-                asyncio.shield(ticket.future), self.config.queue_max_wait_s
-            )
+            return await asyncio.wait_for(asyncio.shield(ticket.future), wait_s)
         except TimeoutError:
             if ticket.entry is not None and entry.queue.remove(ticket.entry):
                 raise QueueTimeoutError(entry.name) from None

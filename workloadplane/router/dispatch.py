@@ -7,6 +7,14 @@ refused or reset, an abort (ejection, replica gone, the streaming head deadline)
 on another one (back at the head of its tier), up to ``max_attempts``; anything else is the
 answer. Once a byte came (``Ticket.started``) nothing moves any more: the caller relays the
 ``Exchange`` and closes it, which releases the slot. Time comes from the router's clock.
+
+The client is watched from the start: gone while its request waits in the queue or while a
+replica works on it (a non-streaming head comes only when generation ends), the exchange is
+aborted, the slot freed and ``ClientGoneError`` raised. All attempts together wait in the
+queue until one deadline, ``queue_max_wait_s`` after the request came. A request waiting for
+a rollout lane that loses its last replica, or leaves the desired set, goes on to the
+deployment the lane serves (nothing was answered yet); one waiting for a deployment that
+left gets ``DeploymentGoneError``.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workloadplane.router.core import Backend, DeploymentEntry, Router, Ticket
+from workloadplane.router.core import Backend, DeploymentEntry, DeploymentGoneError, Router, Ticket
 from workloadplane.router.front import ClientGoneError
 from workloadplane.router.metrics import RouterMetrics
 from workloadplane.router.upstream import Abort, Response, UpstreamError
@@ -43,9 +51,18 @@ class Forward:
 class Exchange:
     """A replica's response whose head came: relay ``response``, then ``close()``."""
 
-    def __init__(self, router: Router, backend: Backend, ticket: Ticket, resp: Response) -> None:
+    def __init__(
+        self,
+        router: Router,
+        entry: DeploymentEntry,
+        backend: Backend,
+        ticket: Ticket,
+        resp: Response,
+    ) -> None:
         self.response = resp
         self.replica_id = backend.replica_id
+        self.deployment = entry.name
+        """Whose answer it is (a lane's request may have moved to its deployment)."""
         self._router, self._backend, self._ticket = router, backend, ticket
 
     def close(self) -> None:
@@ -66,13 +83,18 @@ class Dispatcher:
         self, entry: DeploymentEntry, ticket: Ticket, request: Forward, client_gone: ClientGone
     ) -> Exchange:
         """The response to relay. Raises ``QueueFullError``, ``QueueTimeoutError``,
-        ``NoCapacityError`` (admission), ``ClientGoneError``, or the last ``UpstreamError``
-        when every attempt failed before a byte came."""
+        ``NoCapacityError``, ``DeploymentGoneError`` (admission), ``ClientGoneError``, or the
+        last ``UpstreamError`` when every attempt failed before a byte came."""
+        gone = client_gone()
+        deadline = self.router.clock() + self.config.queue_max_wait_s
         last_error: UpstreamError | None = None
         for attempt in range(self.config.max_attempts):
-            backend = await self._acquire(entry, ticket, client_gone, retry=attempt > 0)
+            entry, backend = await self._acquire(entry, ticket, gone, deadline, retry=attempt > 0)
             try:
-                resp = await self._send(backend, ticket, request)
+                resp = await self._send(backend, ticket, request, gone)
+            except ClientGoneError:
+                self.router.release(backend, ticket)
+                raise
             except UpstreamError as exc:
                 last_error = exc
                 self._failed(backend, ticket, str(exc), "before_first_byte")
@@ -83,7 +105,7 @@ class Dispatcher:
                 continue
             ticket.started = True
             ticket.cut = resp.cut  # a hung replica's probe ends the relay (Router.eject)
-            return Exchange(self.router, backend, ticket, resp)
+            return Exchange(self.router, entry, backend, ticket, resp)
         assert last_error is not None
         raise last_error
 
@@ -95,18 +117,46 @@ class Dispatcher:
         self.metrics.retries.labels(backend.deployment, retry_reason).inc()
 
     async def _acquire(
-        self, entry: DeploymentEntry, ticket: Ticket, client_gone: ClientGone, *, retry: bool
+        self,
+        entry: DeploymentEntry,
+        ticket: Ticket,
+        gone: asyncio.Future[Any],
+        deadline: float,
+        *,
+        retry: bool,
+    ) -> tuple[DeploymentEntry, Backend]:
+        """A slot at once if one is free, else wait in the queue (until ``deadline``) unless
+        the client goes; a lane's request moves to the deployment it serves if the lane
+        closes (``DeploymentGoneError``), a shadow's copy never does. The entry and slot."""
+        try:
+            return entry, await self._acquire_in(entry, ticket, gone, deadline, retry=retry)
+        except DeploymentGoneError:
+            served = (
+                self.router.resolve(entry.serves) if entry.serves and not entry.mirror else None
+            )
+            if served is None:
+                raise
+        return served, await self._acquire_in(served, ticket, gone, deadline, retry=retry)
+
+    async def _acquire_in(
+        self,
+        entry: DeploymentEntry,
+        ticket: Ticket,
+        gone: asyncio.Future[Any],
+        deadline: float,
+        *,
+        retry: bool,
     ) -> Backend:
-        """A slot at once if one is free, else wait in the queue unless the client goes."""
         router = self.router
         backend = router.try_acquire(entry, ticket)
         if backend is not None:
             return backend
-        gone = client_gone()
         waited = router.clock()
         dm = self.metrics.of(entry.name)
         dm.queue_depth.set(len(entry.queue) + 1)
-        task = asyncio.ensure_future(router.acquire(entry, ticket, retry=retry))
+        task = asyncio.ensure_future(
+            router.acquire(entry, ticket, retry=retry, wait_s=deadline - waited)
+        )
         try:
             await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -119,14 +169,23 @@ class Dispatcher:
         dm.queue_wait.observe(router.clock() - waited)
         return task.result()
 
-    async def _send(self, backend: Backend, ticket: Ticket, request: Forward) -> Response:
+    async def _send(
+        self, backend: Backend, ticket: Ticket, request: Forward, gone: asyncio.Future[Any]
+    ) -> Response:
         """Send the request to ``backend``; return once its head came. ``ticket.cancel``
-        (ejection, replica gone) aborts it by closing the connection: UpstreamError."""
+        (ejection, replica gone) aborts it by closing the connection: UpstreamError. The
+        client going away (``gone``) aborts it the same way: ClientGoneError."""
         timeout = self.config.first_byte_timeout_s if request.stream else None
 
         def abortable(abort: Abort) -> None:
             ticket.cancel = abort
 
+        def client_left(_: object) -> None:
+            ticket.abort("the client went away")
+
+        if gone.done():
+            raise ClientGoneError
+        gone.add_done_callback(client_left)  # a callback, not a task racing the request
         try:
             return await backend.pool.request(
                 "POST",
@@ -136,5 +195,10 @@ class Dispatcher:
                 head_timeout=timeout,
                 on_abortable=abortable,
             )
+        except UpstreamError:
+            if gone.done():
+                raise ClientGoneError from None
+            raise
         finally:
+            gone.remove_done_callback(client_left)
             ticket.cancel = None

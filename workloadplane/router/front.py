@@ -227,7 +227,8 @@ async def send_stream_error(send: Send, message: str, code: str) -> None:
 
 class ClientWatch:
     """The client's side of the connection: a watch for its disconnect, started on first
-    need (waiting in the queue, streaming) and shared by both."""
+    need (the router's dispatcher starts it for every request: queued, at a replica, or
+    streaming) and shared by all."""
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive

@@ -17,18 +17,26 @@ from workloadplane.router.core import Router
 
 
 class RecentWindow:
-    """Recent completions per deployment: (time, ttft or None)."""
+    """Recent completions per deployment: (time, ttft or None). A deployment whose last
+    completion left the window is forgotten (once per window): its summary is empty either
+    way, and each rollout lane's name would otherwise stay for good."""
 
     def __init__(self, window_s: float = 10.0, max_samples: int = 4096) -> None:
         self.window_s = window_s
         self.max_samples = max_samples
         self._done: dict[str, collections.deque[tuple[float, float | None]]] = {}
+        self._swept_at = float("-inf")
 
     def finished(self, deployment: str, now: float, ttft_s: float | None) -> None:
         samples = self._done.get(deployment)
         if samples is None:
             samples = self._done[deployment] = collections.deque(maxlen=self.max_samples)
         samples.append((now, ttft_s))
+        if now - self._swept_at >= self.window_s:
+            self._swept_at = now
+            cutoff = now - self.window_s
+            for name in [n for n, s in self._done.items() if not s or s[-1][0] < cutoff]:
+                del self._done[name]
 
     def summary(self, deployment: str, now: float) -> tuple[float | None, float]:
         """(median TTFT, completions per second) over the window ending at ``now``."""

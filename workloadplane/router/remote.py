@@ -9,9 +9,12 @@ wake-ups, drains and the autoscaler's signals keep working across the process bo
 
 Drains: a replica the runtime has marked ``draining`` counts as busy until the router's
 report shows it draining too (the router learns it from the runtime's record a moment
-later), so a drain never stops a replica the router may still send a request to. A report
-older than ``stale_after_s`` (the router is down or restarting) counts nothing in flight:
-nothing flows through a router that does not answer.
+later), so a drain never stops a replica the router may still send a request to.
+
+A report older than ``stale_after_s`` (the router is down, restarting or stalled) is not
+taken for an idle plane: ``fresh`` is False, ``replica_in_flight`` says None (unknown: a
+drain keeps waiting, up to its deadline) and the autoscaler holds, with no decision and no
+sample. ``load`` then says (0, 0) for the heartbeat's counts only.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class RemoteRouter(Router):
 
     @property
     def fresh(self) -> bool:
+        """The last report is at most ``stale_after_s`` old."""
         return self.clock() - self._at <= self.stale_after_s
 
     def load(self, deployment: str) -> tuple[int, int]:
@@ -94,9 +98,9 @@ class RemoteRouter(Router):
         """The router process's outcome counters as last read (kept, like ``usage``)."""
         return self._outcome_counters.get(deployment)
 
-    def replica_in_flight(self, replica_id: str) -> int:
+    def replica_in_flight(self, replica_id: str) -> int | None:
         if not self.fresh:
-            return 0
+            return None  # a router that does not answer may still be serving requests
         seen = self._replicas.get(replica_id)
         if seen is None:
             return 0

@@ -57,9 +57,10 @@ class ReplicaWatcher(Protocol):
 
 class InFlightCounter(Protocol):
     """Requests the plane's router has in flight on a replica: what a drain waits on (the
-    router is one; ProcessRuntime takes one in its constructor)."""
+    router is one; ProcessRuntime takes one in its constructor). None: not known now (the
+    router's load report is stale); a drain waits on it as on a busy replica."""
 
-    def replica_in_flight(self, replica_id: str) -> int: ...
+    def replica_in_flight(self, replica_id: str) -> int | None: ...
 
 
 class GpuInventory(Protocol):

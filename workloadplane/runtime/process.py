@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -145,6 +146,11 @@ class ProcessRuntime:
             port = free_port(self.config.host)
         replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
         replica.serves = serves
+        try:  # one that cannot be listed must not be recorded: every listing would fail
+            replica.status(self.config.host)
+        except ValueError:
+            self.gpus.release(gpus)
+            raise
         self._replicas[replica_id] = replica
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
         self._save()  # the router sees it starting at once (requests wait for it)
@@ -208,7 +214,8 @@ class ProcessRuntime:
                 await asyncio.sleep(self._backoff(replica.deployment))
                 await self._launch(replica)
                 self._save()
-            await self._wait_ready(replica)
+            if replica.state != "ready":  # one taken over as ready is watched at once
+                await self._wait_ready(replica)
             await self._watch(replica)
         except asyncio.CancelledError:
             raise
@@ -241,7 +248,7 @@ class ProcessRuntime:
             },
             replica.spec.engine_args,
         )
-        full_env = {**os.environ, **env, **self.gpus.env(replica.gpus)}
+        full_env = {**_engine_environ(), **env, **self.gpus.env(replica.gpus)}
         logfile = open(self.state_dir / "logs" / f"{replica.replica_id}.log", "ab")  # noqa: SIM115
         try:
             replica.proc = await asyncio.create_subprocess_exec(
@@ -323,7 +330,8 @@ class ProcessRuntime:
 
     async def _drain(self, replica: _Replica) -> None:
         deadline = self.clock() + self.config.drain_timeout_s
-        while self._requests_on(replica.replica_id) > 0 and self.clock() < deadline:
+        # None (the router's count is not known now) waits as a busy replica does
+        while self._requests_on(replica.replica_id) != 0 and self.clock() < deadline:
             await asyncio.sleep(0.1)
         await self.stop(replica.replica_id)
 
@@ -354,7 +362,7 @@ class ProcessRuntime:
         if self._watcher is not None:
             self._watcher.replicas_changed(self._statuses())
 
-    def _requests_on(self, replica_id: str) -> int:
+    def _requests_on(self, replica_id: str) -> int | None:
         return self._in_flight.replica_in_flight(replica_id) if self._in_flight is not None else 0
 
     # --- persistence / adoption -------------------------------------------------------------
@@ -398,32 +406,38 @@ class ProcessRuntime:
             rows = json.loads(self._record.read_text())
         except ValueError:
             return
-        for row in rows:
-            pid = row.get("pid")
-            if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
-                continue
-            replica = _Replica(
-                row["replica_id"],
-                row["deployment"],
-                RevisionSpec.model_validate(row["spec"]),
-                row["port"],
-                row["gpus"],
-                row.get("pool"),
-                row.get("instance"),
-                serves=str(row.get("serves") or ""),
-                pid=pid,
-                started_at=datetime.fromisoformat(row["started_at"]),
-                # a replica recorded ready stays routable while it is checked again: the
-                # router (its own process) must not stop sending to it because an agent
-                # restarted
-                state="ready" if row.get("state") == "ready" else "starting",
-            )
-            self.gpus.take(replica.gpus)
-            self._replicas[replica.replica_id] = replica
-            replica.task = asyncio.create_task(
-                self._run(replica), name=f"replica-{replica.replica_id}"
-            )
-            log.info("adopted replica %s (pid %s)", replica.replica_id, pid)
+        for row in rows if isinstance(rows, list) else []:
+            try:
+                self._adopt_one(row)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the others still
+                what = row.get("replica_id") if isinstance(row, dict) else None
+                log.error("cannot take over recorded replica %r: %s", what, exc)
+
+    def _adopt_one(self, row: dict[str, Any]) -> None:
+        pid = row.get("pid")
+        if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
+            return
+        replica = _Replica(
+            row["replica_id"],
+            row["deployment"],
+            RevisionSpec.model_validate(row["spec"]),
+            row["port"],
+            row["gpus"],
+            row.get("pool"),
+            row.get("instance"),
+            serves=str(row.get("serves") or ""),
+            pid=pid,
+            started_at=datetime.fromisoformat(row["started_at"]),
+            # a replica recorded ready stays routable while it is checked again: the
+            # router (its own process) must not stop sending to it because an agent
+            # restarted
+            state="ready" if row.get("state") == "ready" else "starting",
+        )
+        replica.status(self.config.host)  # one that cannot be listed is not taken over
+        self.gpus.take(replica.gpus)
+        self._replicas[replica.replica_id] = replica
+        replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica.replica_id}")
+        log.info("adopted replica %s (pid %s)", replica.replica_id, pid)
 
     async def close(self, *, stop_replicas: bool = True) -> None:
         """Stop supervising (and, by default, stop every replica)."""
@@ -433,6 +447,19 @@ class ProcessRuntime:
             elif replica.task is not None:
                 replica.task.cancel()
         await self._client.aclose()
+
+
+def _engine_environ() -> dict[str, str]:
+    """The agent's environment as an engine gets it: without gpufleet's own settings (the
+    NATS and database credentials among them: an engine runs model code) nor any
+    ``*PASSWORD*``; its log format and level stay). ``HF_TOKEN`` and the like stay too:
+    engines load models with them."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (not k.startswith("GPUFLEET_") or k.startswith("GPUFLEET_LOG_"))
+        and "PASSWORD" not in k.upper()
+    }
 
 
 def read_replicas(runtime_dir: Path) -> list[ReplicaStatus]:

@@ -484,7 +484,7 @@ def _note_in_flight_at_drain(a: Plane, result: DrillResult) -> None:
 
     async def noted(replica_id: str) -> None:
         if a.runtime.state(replica_id) == "ready":
-            result.drain_in_flight[replica_id] = a.router.replica_in_flight(replica_id)
+            result.drain_in_flight[replica_id] = a.router.replica_in_flight(replica_id) or 0
         await drain(replica_id)
 
     a.runtime.drain = noted  # type: ignore[method-assign]

@@ -267,7 +267,7 @@ def _desired(deployments: list[dict], **extra: object) -> bytes:
             "schema_version": 1,
             "deployments": deployments,
             **extra,
-        }  # fmt: skip
+        }
     ).encode()
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from controlplane.contracts import (
     AutoscalingPolicy,
@@ -24,6 +25,7 @@ from workloadplane.agent import Agent
 from workloadplane.autoscaler_loop import Autoscaler, Gauges
 from workloadplane.autoscaling import ScaleAction
 from workloadplane.router.core import Router, RouterConfig, Ticket
+from workloadplane.router.remote import RemoteRouter
 from workloadplane.state import DesiredStateStore
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -246,7 +248,9 @@ async def test_vllm_gauges_raise_the_count(tmp_path: Path):
     assert agent.wanted["chat"] == 3  # ready 1 + 8 waiting / target 4
     autoscaler.gauges[rid] = (clock.now - timedelta(seconds=10), Gauges(9, 1.0))  # stale
     replicas = await runtime.list_replicas()
-    (signal,) = autoscaler.signals(make_deployment(), replicas, clock.now).replicas
+    signals = autoscaler.signals(make_deployment(), replicas, clock.now)
+    assert signals is not None
+    (signal,) = signals.replicas
     assert (signal.num_requests_waiting, signal.kv_cache_usage_perc) == (0, 0)
 
 
@@ -275,3 +279,79 @@ async def test_the_heartbeat_carries_the_routers_token_counters(tmp_path: Path):
     usage = (await agent.observed_state()).deployments[0].usage
     assert usage is not None and usage.since == router.since
     assert (usage.input_tokens, usage.output_tokens, usage.response_bytes) == (100, 40, 2048)
+
+
+def agent_metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_one_deployments_failing_decision_does_not_stop_the_others(tmp_path: Path):
+    """A NaN gauge (or any other fault) in one deployment's decision raised out of
+    ``autoscale_once`` before the deployments after it were decided: at every tick, for good."""
+    bad = make_deployment().model_copy(update={"name": "bad"})
+    agent, runtime, clock, _ = await make_plane(tmp_path, bad)
+    await agent.on_desired(make_desired(2, bad, make_deployment()))  # "bad" is decided first
+    await settle(agent, runtime)
+    autoscaler, router = agent.autoscaler, agent.router
+    assert autoscaler is not None and router is not None
+    (bad_replica,) = [rid for rid, r in runtime.replicas.items() if r.deployment == "bad"]
+    nan = Gauges(num_requests_waiting=float("nan"))
+    autoscaler.gauges[bad_replica] = (clock.now + timedelta(seconds=1), nan)
+    take_slots(router, 4)
+    waiting = queue(router, 4)  # chat: two replicas' worth
+    await asyncio.sleep(0)
+    failures = agent_metric("gpufleet_agent_autoscale_failures_total")
+    await tick(agent, clock, 3)
+    assert agent.wanted["chat"] == 2, "chat is decided all the same"
+    assert "bad" not in autoscaler.last
+    assert agent_metric("gpufleet_agent_autoscale_failures_total") == failures + 3
+    for task in waiting:
+        task.cancel()
+
+
+class LoadClock:
+    """The RemoteRouter's monotonic clock (when the router's report came, and its age)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_stale_load_report_holds_the_autoscaler_rather_than_reading_zero_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The plane's router stops answering /internal/load: its last report goes stale. Read
+    as (0, 0) it fed the policy zero-load samples and scaled a busy deployment to zero."""
+    runtime, clock, loads = EndpointRuntime(), Clock(), LoadClock()
+    remote = RemoteRouter("127.0.0.1", 1, clock=loads)
+    agent = Agent("a", runtime, DesiredStateStore(tmp_path, fsync=False), clock=clock,
+                  router=remote)  # fmt: skip
+    agent.bus = FactsBus()  # type: ignore[assignment]
+    await agent.on_desired(make_desired(1, make_deployment(min_=0, idle=5)))
+    agent.wanted["chat"] = 1  # scaled up from zero earlier
+    await settle(agent, runtime)
+    (rid,) = runtime.replicas
+
+    def report(in_flight: int) -> dict:
+        return {
+            "deployments": {"chat": {"in_flight": in_flight, "queued": 0, "at_zero": False}},
+            "replicas": {rid: {"in_flight": in_flight, "state": "ready"}},
+        }
+
+    remote.apply_report(report(3), loads())
+    await tick(agent, clock, 3)
+    assert agent.wanted["chat"] == 1 and agent.autoscaler is not None
+    before = agent.autoscaler.states["chat"]
+    held = agent_metric("gpufleet_agent_autoscale_held_total")
+    loads.now += 2.5  # no answer for 2.5 s: the report is stale
+    with caplog.at_level("WARNING", logger="workloadplane.autoscaler_loop"):
+        await tick(agent, clock, 40)  # past the window, the delay and the idle time
+    assert agent.wanted["chat"] == 1, "held, not scaled to zero"
+    assert agent.autoscaler.states["chat"] == before, "no sample taken"
+    assert agent_metric("gpufleet_agent_autoscale_held_total") == held + 40
+    assert sum("load report is stale" in r.message for r in caplog.records) == 1  # once
+    remote.apply_report(report(3), loads())  # it answers again
+    await tick(agent, clock)
+    assert agent.autoscaler.states["chat"] != before

@@ -55,8 +55,9 @@ def test_replicas_reconcile_is_replacing_are_not_capacity_and_never_picked_to_dr
                 for rid in ("on-draining-instance", "stays-1", "stays-2")]  # fmt: skip
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     autoscaler = Autoscaler(Router(), lambda: now)
-    phases = {s.replica_id: s.phase for s in autoscaler.signals(
-        deployment, replicas, now, leaving={"on-draining-instance"}).replicas}  # fmt: skip
+    signals = autoscaler.signals(deployment, replicas, now, leaving={"on-draining-instance"})
+    assert signals is not None
+    phases = {s.replica_id: s.phase for s in signals.replicas}
     assert phases == {"on-draining-instance": "draining", "stays-1": "ready", "stays-2": "ready"}
     for second in range(5):
         later = now + timedelta(seconds=second)
@@ -65,3 +66,30 @@ def test_replicas_reconcile_is_replacing_are_not_capacity_and_never_picked_to_dr
         assert decision.current_replicas == 2 and decision.drain == ()
     unaware = Autoscaler(Router(), lambda: now).decide(deployment, replicas, now)
     assert unaware is not None and unaware.current_replicas == 3  # what it did before
+
+
+def test_gauges_that_are_not_finite_numbers_at_least_0_are_left_out():
+    """A replica's NaN, +Inf or negative gauge made ``math.ceil`` raise inside the policy,
+    and with it the agent's whole autoscale pass, at every tick."""
+    text = """vllm:num_requests_waiting{engine="0"} NaN
+vllm:num_requests_waiting{engine="1"} +Inf
+vllm:num_requests_waiting{engine="2"} -3
+vllm:num_requests_waiting{engine="3"} 2
+vllm:kv_cache_usage_perc{engine="0"} NaN
+vllm:kv_cache_usage_perc{engine="1"} -0.5
+vllm:kv_cache_usage_perc{engine="2"} 1.7
+vllm:kv_cache_usage_perc{engine="3"} 0.5
+"""
+    gauges = parse_gauges(text)
+    assert gauges == Gauges(2.0, 0.75)  # KV usage is a fraction: 1.7 counts as 1
+    assert parse_gauges("vllm:num_requests_waiting 1e308\n" * 2).num_requests_waiting == 0
+    deployment = DeploymentDesired(
+        name="chat", spec=RevisionSpec(model_id="org/chat", revision="r1"),
+        quota=ReplicaQuota(min=1, max=4),
+    )  # fmt: skip
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    autoscaler = Autoscaler(Router(), lambda: now)
+    autoscaler.gauges["r-1"] = (now, parse_gauges(text.replace("engine", "e")))
+    replica = ReplicaStatus(replica_id="r-1", deployment="chat", revision="r1", state="ready")
+    decision = autoscaler.decide(deployment, [replica], now)
+    assert decision is not None and decision.desired_replicas == 2  # 1 ready + 2 waiting / 8

@@ -73,3 +73,19 @@ def test_oldest_wait_and_retry_after():
 def test_pop_from_empty_raises():
     with pytest.raises(IndexError):
         make_queue().pop()
+
+
+def test_a_requeued_retry_is_never_shed_and_the_arrival_is_refused_instead():
+    """A retry was sent to a replica once already: shedding it answered its client 429 for
+    the replica's failure."""
+    q = make_queue(max_length=3)
+    q.offer("low", 2, 0)
+    q.requeue("low-retry", 2, 1)  # at the head of its tier
+    q.offer("normal", 1, 2)
+    first = q.offer("high", 0, 3)
+    assert first.accepted and first.shed is not None and first.shed.item == "low"
+    second = q.offer("high-2", 0, 4)  # below it only the retry (tier 2) and "normal"
+    assert second.accepted and second.shed is not None and second.shed.item == "normal"
+    third = q.offer("high-3", 0, 5)  # only the retry left below: the arrival is refused
+    assert not third.accepted and third.shed is None
+    assert drain(q) == ["high", "high-2", "low-retry"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -17,7 +18,15 @@ from controlplane.contracts import (
     ReplicaStatus,
     RevisionSpec,
 )
-from workloadplane.router.core import Router, RouterConfig, Ticket
+from workloadplane.router.app import RouterApp
+from workloadplane.router.core import (
+    Clock,
+    DeploymentGoneError,
+    QueueTimeoutError,
+    Router,
+    RouterConfig,
+    Ticket,
+)
 from workloadplane.router.dispatch import Dispatcher, Forward
 from workloadplane.router.httpserver import HttpServer
 from workloadplane.router.metrics import RouterMetrics
@@ -54,8 +63,10 @@ async def replicas(*statuses: int | None) -> AsyncIterator[list[str]]:
             await server.close(grace_s=1)
 
 
-def plane(urls: list[str], **config) -> tuple[Router, Dispatcher, RouterMetrics]:
-    router = Router(RouterConfig(queue_max_wait_s=0.5, **config))
+def plane(
+    urls: list[str], clock: Clock = time.monotonic, **config
+) -> tuple[Router, Dispatcher, RouterMetrics]:
+    router = Router(RouterConfig(**{"queue_max_wait_s": 0.5, **config}), clock)
     router.set_deployments(
         [
             DeploymentDesired(
@@ -147,4 +158,133 @@ async def test_refused_everywhere_raises_the_last_upstream_error():
                 router.deployments["chat"], Ticket(tier=1), REQUEST, never_gone
             )
         assert router.load("chat") == (0, 0)
+        router.close()
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Real sockets: wait (briefly polling) for ``check``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def holding_replica(seen: list[str]):
+    """A replica that works on a request until the router hangs up (never answers): records
+    ``request``, then what its ``receive`` says (``http.disconnect``)."""
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        seen.append("request")
+        seen.append((await receive())["type"])
+
+    return app
+
+
+def answered(metrics: RouterMetrics, code: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "gpufleet_router_requests_total", {"deployment": "chat", "code": code}
+    )
+    return value or 0.0
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["sent-at-once", "sent-after-queueing"])
+async def test_a_client_that_hangs_up_while_a_replica_works_frees_its_slot_and_is_a_499(
+    queued: bool,
+):
+    """A non-streaming answer's head comes only when generation ends: a client that left
+    meanwhile kept its slot (load, in flight), and was counted a 200 with its tokens."""
+    seen: list[str] = []
+    replica, front = HttpServer(holding_replica(seen)), None
+    port = free_port()
+    await replica.start("127.0.0.1", port)
+    router, dispatcher, metrics = plane([f"http://127.0.0.1:{port}"], concurrency_override=1,
+                                        queue_max_wait_s=30)  # fmt: skip
+    try:
+        front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
+        await front.start("127.0.0.1", front_port)
+        entry, blocker = router.deployments["chat"], Ticket(tier=1)
+        if queued:  # the one slot is taken: the request waits in the queue first
+            assert router.try_acquire(entry, blocker) is not None
+        _, writer = await asyncio.open_connection("127.0.0.1", front_port)
+        body = b'{"model": "chat", "prompt": "hi"}'
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        if queued:
+            await until(lambda: len(entry.queue) == 1, "the request to queue")
+            router.release(router.backends["r0"], blocker)
+        await until(lambda: seen == ["request"], "the replica to get the request")
+        assert router.load("chat") == (1, 0)
+        writer.close()  # the client hangs up
+        await until(lambda: seen == ["request", "http.disconnect"], "the exchange aborted")
+        await until(lambda: router.load("chat") == (0, 0), "the slot freed")
+        await until(lambda: answered(metrics, "499") == 1, "a 499 counted")
+        assert answered(metrics, "200") == 0 and router.usage("chat") is None
+        assert not router.backends["r0"].health.ejected  # the replica did nothing wrong
+        assert retries(metrics, "before_first_byte") == 0
+    finally:
+        if front is not None:
+            await front.close(grace_s=1)
+        await replica.close(grace_s=1)
+        router.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_retries_wait_in_the_queue_until_one_deadline_not_one_each():
+    """The queue deadline restarted at each retry: a request could wait max_attempts x
+    queue_max_wait_s. Here it waited its whole minute for a slot, then its replica failed
+    (503, ejected): its retry may not wait another minute."""
+    clock = FakeClock()
+    async with replicas(503) as urls:
+        router, dispatcher, metrics = plane(urls, clock, concurrency_override=1,
+                                            queue_max_wait_s=60)  # fmt: skip
+        entry, blocker = router.deployments["chat"], Ticket(tier=1)
+        assert router.try_acquire(entry, blocker) is not None
+        task = asyncio.create_task(dispatcher.dispatch(entry, Ticket(tier=1), REQUEST, never_gone))
+        await until(lambda: len(entry.queue) == 1, "the request to queue")
+        clock.now += 61  # a minute later the slot frees: past the request's deadline
+        router.release(router.backends["r0"], blocker)
+        with pytest.raises(QueueTimeoutError):
+            await asyncio.wait_for(task, 5)  # at once, not after another 60 s
+        assert retries(metrics, "status_503") == 1 and router.load("chat") == (0, 0)
+        router.close()
+
+
+async def test_a_request_waiting_for_a_lane_that_loses_its_replicas_goes_to_its_deployment():
+    async with replicas(200, 200) as urls:
+        router, dispatcher, _ = plane(urls[:1], concurrency_override=1, queue_max_wait_s=30)
+        chat = DeploymentDesired(name="chat", spec=RevisionSpec(model_id="chat", revision="r1"),
+                                 quota=ReplicaQuota(min=0, max=1))  # fmt: skip
+        canary = chat.model_copy(update={"name": "chat--r2", "serves": "chat",
+                                         "traffic_share": 0.5})  # fmt: skip
+        router.set_deployments([chat, canary])
+        on_lane = ReplicaStatus(replica_id="c1", deployment="chat--r2", revision="r2",
+                                state="ready", endpoint=urls[1])  # fmt: skip
+        stable = ReplicaStatus(replica_id="r0", deployment="chat", revision="r1", state="ready",
+                               endpoint=urls[0])  # fmt: skip
+        router.set_replicas([stable, on_lane])
+        entry, blocker = router.deployments["chat--r2"], Ticket(tier=1)
+        assert router.try_acquire(entry, blocker) is not None  # the lane's one slot
+        task = asyncio.create_task(dispatcher.dispatch(entry, Ticket(tier=1), REQUEST, never_gone))
+        await until(lambda: len(entry.queue) == 1, "the request to queue for the lane")
+        router.set_replicas([stable])  # the lane's replica failed: nothing left to wait for
+        exchange = await asyncio.wait_for(task, 5)
+        assert exchange.deployment == "chat" and exchange.replica_id == "r0"
+        assert await exchange.response.read() == b"from 200"
+        exchange.close()
+        router.set_deployments([chat])  # rolled back: a request left waiting for chat...
+        entry = router.deployments["chat"]
+        assert router.try_acquire(entry, blocker) is not None
+        task = asyncio.create_task(dispatcher.dispatch(entry, Ticket(tier=1), REQUEST, never_gone))
+        await until(lambda: len(entry.queue) == 1, "the request to queue")
+        router.set_deployments([])  # ...and chat deleted: it fails at once, not in 30 s
+        with pytest.raises(DeploymentGoneError):
+            await asyncio.wait_for(task, 5)
         router.close()
