@@ -28,8 +28,8 @@ from controlplane.procurement.tasks import Deps
 from controlplane.services import costs, rollouts
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
+from controlplane.services.spend import limits_from
 from controlplane.settings import Settings, get_settings
-from controlplane.spend import SpendLimits
 from controlplane.webhook import tasks as webhook
 from gpufleet_logging import clean_request_id, configure_logging, current_request_id
 from gpufleet_logging.context import bind_request_id, unbind_request_id
@@ -185,16 +185,6 @@ def dispatch_procurement(actions: Iterable[Action]) -> None:
     procurement.dispatch(actions, celery_app.send_task)
 
 
-def spend_limits(settings: Settings) -> SpendLimits:
-    """The spend guard's bounds from `GPUFLEET_SPEND_GUARD_*`."""
-    return SpendLimits(
-        window=timedelta(seconds=settings.spend_guard_window_s),
-        gpus_per_deployment=settings.spend_guard_gpus_per_deployment,
-        cost_per_deployment=settings.spend_guard_cost_per_deployment,
-        fleet_cost=settings.spend_guard_fleet_cost,
-    )
-
-
 def ledger_policy(settings: Settings) -> costs.LedgerPolicy:
     """How the cost ledger is kept, from `GPUFLEET_COST_*`."""
     return costs.LedgerPolicy(
@@ -274,7 +264,7 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         desired generation moved."""
         with transaction(worker().procurement.factory) as session:
             done = run_replan(  # after the one running, not never
-                session, reason, wait_s=30.0, spend_limits=spend_limits(worker().settings)
+                session, reason, wait_s=30.0, spend_limits=limits_from(worker().settings)
             )
         if done is None:
             log.warning("re-plan skipped (%s): another one held the lock for 30 s", reason)

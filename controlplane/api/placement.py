@@ -14,6 +14,7 @@ from controlplane.api.schemas import CurrentPlacement, PreviewOut, Replanned
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
 from controlplane.services import what_if
+from controlplane.services.spend import limits_from
 from controlplane.specs import Role, Spec
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
@@ -123,7 +124,8 @@ def placement_router() -> APIRouter:
         request: Request, _: Principal = Depends(require(Role.operator))
     ) -> JSONResponse:
         with session_scope(request) as session:
-            done = svc.replan(session, reason="api")
+            limits = limits_from(request.app.state.settings)
+            done = svc.replan(session, reason="api", spend_limits=limits)
         if done is None:
             raise Conflict("another re-plan is running; retry in a moment")
         request.app.state.dispatch_procurement(done.actions)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from controlplane import placement as engine
 from controlplane.db import models as m
 from controlplane.db.columns import deployment_autoscaling, deployment_status, set_status
+from controlplane.settings import Settings
 from controlplane.spend import Ask, Bite, Grant, SpendLimits, allow, granted, recent
 
 EVENT_EVERY = timedelta(minutes=10)
@@ -124,4 +125,16 @@ def _tell(session: Session, row: m.Deployment, bite: Bite, now: datetime) -> Non
                 "allowed": bite.allowed,
             },
         )
+    )
+
+
+def limits_from(settings: Settings) -> SpendLimits:
+    """The spend guard's bounds from `GPUFLEET_SPEND_GUARD_*`: every re-plan (the worker's,
+    the API's) uses these — one with the defaults would also prune the guard's record of
+    what it granted to the default window."""
+    return SpendLimits(
+        window=timedelta(seconds=settings.spend_guard_window_s),
+        gpus_per_deployment=settings.spend_guard_gpus_per_deployment,
+        cost_per_deployment=settings.spend_guard_cost_per_deployment,
+        fleet_cost=settings.spend_guard_fleet_cost,
     )

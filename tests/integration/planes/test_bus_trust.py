@@ -335,3 +335,26 @@ async def test_the_spend_guard_bounds_what_reported_demand_may_add(admin, planes
     with transaction(session_factory) as s:
         assert replan(s, "demand") is not None  # the default bounds allow all 6
     assert placed() == 6
+
+
+async def test_a_replan_asked_through_the_api_keeps_the_configured_spend_guard(
+    admin, planes, session_factory
+):
+    """`POST /placement/replan` planned with the default bounds (and pruned the guard's
+    record to the default window) whatever `GPUFLEET_SPEND_GUARD_*` said."""
+    big = b.deployment(
+        "big-llm", gpus_per_replica=8, autoscaling={"min_replicas": 1, "max_replicas": 6}
+    )
+    runs_on, _ = await _placed(admin, session_factory, big)
+    wants = ObservedState(cluster=runs_on, source=f"cluster/{runs_on}",
+                          deployments=[DeploymentObserved(name="big-llm", demand=6)])  # fmt: skip
+    await DbSink(session_factory).record_observed(runs_on, wants, datetime.now(UTC))
+    settings = admin.client.app.state.settings
+    admin.client.app.state.settings = settings.model_copy(
+        update={"spend_guard_gpus_per_deployment": 16}
+    )
+    assert admin.post("placement/replan", {}).status_code == 200
+    with session_factory() as s:
+        assert sum(s.scalars(select(m.Placement.replicas))) == 3  # 1 + 16 GPUs' worth, not 6
+    (event,) = _events(session_factory, "SpendGuardTriggered")
+    assert event.data["bound"] == "gpus_per_deployment"
