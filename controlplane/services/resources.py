@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.orm import Session
 
 from controlplane.db import models as m
 from controlplane.db.columns import cluster_status, deployment_failover, set_status
 from controlplane.errors import BadRequest, InUse, InvalidSpec
+from controlplane.procurement.core import HELD
 from controlplane.services.desired import removing_cluster, removing_deployment, removing_pool
 from controlplane.specs import (
     ApiPriceSpec,
@@ -138,6 +139,13 @@ def _load_provider(row: m.Provider) -> dict[str, Any]:
 
 
 def _apply_provider(session: Session, row: m.Provider, spec: ProviderSpec) -> None:
+    if row.id is not None and row.kind != spec.provider_kind.value:
+        pools = select(m.Pool.id).where(m.Pool.provider_id == row.id)
+        if held := _held(session, pools):
+            raise InUse(
+                f"its pools hold {held} instance(s) of a {row.kind} account: its "
+                "provider_kind cannot change under them; release them first"
+            )
     row.name = spec.name
     row.kind = spec.provider_kind.value
     row.provider_class = spec.provider_class.value
@@ -256,6 +264,7 @@ def _apply_pool(session: Session, row: m.Pool, spec: PoolSpec) -> None:
         raise InvalidSpec.on(
             "gpu_type", f"unknown GPU type '{spec.gpu_type}'; known: {known or 'none yet'}"
         )
+    _refuse_moving_held(session, row, provider, region, gpu_type, spec)
     row.name, row.provider, row.region, row.gpu_type = spec.name, provider, region, gpu_type
     row.purchase_type = spec.purchase_type.value
     row.gpus, row.gpus_per_instance = spec.gpus, spec.gpus_per_instance
@@ -264,15 +273,53 @@ def _apply_pool(session: Session, row: m.Pool, spec: PoolSpec) -> None:
         setattr(row, key, getattr(spec, key))
 
 
-def _check_delete_pool(session: Session, row: m.Pool, force: bool) -> None:
-    held = list(
-        session.scalars(
-            select(m.Instance).where(m.Instance.pool_id == row.id, m.Instance.state != "terminated")
-        )
+def _held(session: Session, pool_ids: Select[Any] | list[str]) -> int:
+    """Instances that exist (or may) at the provider in these pools."""
+    query = select(func.count()).select_from(m.Instance)
+    return (
+        session.scalar(query.where(m.Instance.pool_id.in_(pool_ids), m.Instance.state.in_(HELD)))
+        or 0
     )
+
+
+def _refuse_moving_held(
+    session: Session,
+    row: m.Pool,
+    provider: m.Provider,
+    region: m.Region,
+    gpu_type: m.GpuType,
+    spec: PoolSpec,
+) -> None:
+    """What its instances are (the provider and account holding them, where, what) may not
+    change under them: the sweeps would ask the new provider for them, mark them gone and
+    buy replacements, and a release would send their ids to the wrong account."""
+    if row.id is None:
+        return
+    changed = [
+        name
+        for name, before, after in (
+            ("provider", row.provider_id, provider.id),
+            ("region", row.region_id, region.id),
+            ("gpu_type", row.gpu_type_id, gpu_type.id),
+            ("purchase_type", row.purchase_type, spec.purchase_type.value),
+            ("gpus_per_instance", row.gpus_per_instance, spec.gpus_per_instance),
+            ("capacity_reservation_id", row.capacity_reservation_id, spec.capacity_reservation_id),
+        )
+        if before != after
+    ]
+    if changed and (held := _held(session, [row.id])):
+        raise InUse(
+            f"holds {held} instance(s): its {', '.join(changed)} cannot change under them; "
+            "release them first (scale its deployments down or remove the pool from its "
+            "clusters), or create a new pool"
+        )
+
+
+def _check_delete_pool(session: Session, row: m.Pool, force: bool) -> None:
+    held = _held(session, [row.id])
     if held:
         raise InUse(
-            f"still holds {len(held)} instance(s); release them first (scale its deployments "
+            f"still holds {held} instance(s); release them first (scale its deployments "
             "down or remove the pool from its clusters and wait for release)"
         )
     clusters = list(
@@ -281,6 +328,8 @@ def _check_delete_pool(session: Session, row: m.Pool, force: bool) -> None:
         )
     )
     _refuse_if(clusters, "drawn on by clusters", "remove it from their pools first")
+    # what it held and gave back (or never got: a refusal) goes with it: events keep the story
+    session.execute(delete(m.Instance).where(m.Instance.pool_id == row.id))
 
 
 # clusters ----------------------------------------------------------------------------------

@@ -267,3 +267,48 @@ def test_a_deprecated_knob_spelling_is_accepted_and_answered_with_the_one_spelli
     )
     assert both.status_code == 422
     assert "send only `target_concurrency`" in both.json()["detail"]
+
+
+def _holding(admin, session_factory, state: str = "running") -> str:
+    """The seeded pool with one instance in `state`; its instance row's id."""
+    from controlplane.db import models as m
+
+    b.seed(admin)
+    with session_factory() as s, s.begin():
+        cluster = s.query(m.Cluster).filter_by(name="use1-a").one()
+        pool = s.query(m.Pool).one()
+        instance = m.Instance(pool_id=pool.id, cluster_id=cluster.id, idempotency_key="k",
+                              gpus=8, state=state)  # fmt: skip
+        s.add(instance)
+        s.flush()
+        return instance.id
+
+
+def test_what_a_pools_instances_are_cannot_change_under_them(admin, session_factory):
+    """A pool moved to another provider (or purchase type, region, size) while it held
+    instances: the sweeps asked the new provider for them, marked them gone and bought
+    replacements, and the old ones billed for ever."""
+    _holding(admin, session_factory)
+    for change in ({"purchase_type": "spot", "quota_gpus": None}, {"gpus_per_instance": 4}):
+        answer = admin.patch("pools/aws-use1-h100-od", change)
+        assert answer.status_code == 409, answer.text
+        assert "holds 1 instance(s)" in answer.json()["detail"]
+        assert next(iter(change)) in answer.json()["detail"]
+    assert admin.patch("pools/aws-use1-h100-od", {"price_per_gpu_hour": "3.5"}).status_code == 200
+    changed = admin.patch("providers/aws-main", {"provider_kind": "gcp"})
+    assert changed.status_code == 409 and "provider_kind" in changed.json()["detail"]
+
+
+def test_a_pool_whose_instances_all_ended_can_be_deleted(admin, session_factory):
+    """Its rows stay (history); it was refused for ever (the filter named a state, 'terminated',
+    that no instance ever has)."""
+    from controlplane.db import models as m
+
+    instance = _holding(admin, session_factory)
+    assert admin.patch("clusters/use1-a", {"pools": []}).status_code == 200
+    held = admin.delete("pools/aws-use1-h100-od")
+    assert held.status_code == 409 and "still holds 1 instance(s)" in held.json()["detail"]
+    with session_factory() as s, s.begin():
+        s.get_one(m.Instance, instance).state = "released"
+    answer = admin.delete("pools/aws-use1-h100-od")
+    assert answer.status_code == 204, answer.text
