@@ -53,20 +53,27 @@ celery_app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
-    beat_schedule={
-        "check-clusters": {"task": CHECK_CLUSTERS, "schedule": 5.0},
-        "rollouts": {"task": ROLLOUTS, "schedule": ROLLOUTS_EVERY_S},
-        "poll-interruptions": {"task": procurement.POLL_INTERRUPTIONS, "schedule": 0.5},
-        "reconcile-instances": {"task": procurement.RECONCILE_INSTANCES, "schedule": 30.0},
-        "refresh-offers": {"task": procurement.REFRESH_OFFERS, "schedule": 300.0},
-        "replan": {"task": REPLAN, "schedule": 30.0, "kwargs": {"reason": "timer"}},
-        "accrue-costs": {"task": ACCRUE_COSTS, "schedule": get_settings().cost_accrue_every_s},
-        "export-webhook": {
-            "task": webhook.EXPORT_WEBHOOK,
-            "schedule": get_settings().events_webhook_every_s,
-        },
+    beat_schedule={  # see below the call
+        name: {**entry, "options": {"expires": entry["schedule"]}}
+        for name, entry in {
+            "check-clusters": {"task": CHECK_CLUSTERS, "schedule": 5.0},
+            "rollouts": {"task": ROLLOUTS, "schedule": ROLLOUTS_EVERY_S},
+            "poll-interruptions": {"task": procurement.POLL_INTERRUPTIONS, "schedule": 0.5},
+            "reconcile-instances": {"task": procurement.RECONCILE_INSTANCES, "schedule": 30.0},
+            "refresh-offers": {"task": procurement.REFRESH_OFFERS, "schedule": 300.0},
+            "replan": {"task": REPLAN, "schedule": 30.0, "kwargs": {"reason": "timer"}},
+            "accrue-costs": {"task": ACCRUE_COSTS, "schedule": get_settings().cost_accrue_every_s},
+            "export-webhook": {
+                "task": webhook.EXPORT_WEBHOOK,
+                "schedule": get_settings().events_webhook_every_s,
+            },
+        }.items()
     },
 )
+# Each periodic task expires when its next one is due: one the workers could not start in
+# time (a slow provider, a busy worker) is dropped, not queued behind the next — while a
+# provider answered slowly, 0.5 s polls piled up by the thousand and starved acquires and
+# releases. The sweeps also run one at a time (`procurement.tasks.single_flight`).
 
 
 # Per-task lines ("Task … received", "… succeeded in 0.002s: []") at INFO, for a poll every

@@ -135,7 +135,11 @@ class AwsProvider:
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         # Procurement owns retries (backoff with jitter): botocore must not retry as well.
-        config = Config(retries={"mode": "standard", "total_max_attempts": 1})
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": 1},
+            connect_timeout=5,
+            read_timeout=30,  # botocore's 60 s each held a sweep, and every provider after it
+        )
         session = Session(
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,

@@ -50,7 +50,12 @@ LABEL_PURCHASE = "gpufleet-purchase"
 LABEL_GPUS = "gpufleet-gpus"
 PREEMPTED = "compute.instances.preempted"
 SPOT_NOTICE = timedelta(seconds=30)  # GCE: preemption notice is 30 seconds
-_MAX_WAITS = 20  # each wait returns when done or after ~2 minutes on GCE
+_MAX_WAITS = 3  # each wait returns when done or after ~2 minutes on GCE
+_ONCE: dict[str, Any] = {"retry": None, "timeout": 30.0}
+"""Every call is tried once, for at most 30 s: procurement owns retries (the client's
+default retried a list for up to 600 s, holding a sweep — and every provider after it)."""
+_WAIT: dict[str, Any] = {"retry": None, "timeout": 150.0}
+"""An operation's wait: GCE answers within ~2 minutes, done or not."""
 
 # gpufleet GPU type → GCE accelerator type.
 ACCELERATORS = {
@@ -196,7 +201,9 @@ class GcpProvider:
         offers = []
         for zone in self._zones:
             try:
-                machine_types = list(self._machine_types.list(project=self._project, zone=zone))
+                machine_types = list(
+                    self._machine_types.list(project=self._project, zone=zone, **_ONCE)
+                )
             except gexc.GoogleAPICallError as exc:
                 raise error_for_http(exc, f"listing machine types in {zone}") from exc
             except TRANSPORT_ERRORS as exc:
@@ -242,7 +249,7 @@ class GcpProvider:
         )
         doing = f"creating {name} ({pool.instance_type}) for pool {pool.name!r} in {zone}"
         try:
-            operation = self._instances.insert_unary(request=request)
+            operation = self._instances.insert_unary(request=request, **_ONCE)
             self._wait(operation, zone, doing)
         except gexc.Conflict:
             pass  # the name exists: an earlier call with this key created it
@@ -251,7 +258,7 @@ class GcpProvider:
         except TRANSPORT_ERRORS as exc:
             raise unavailable(exc, doing) from exc
         try:
-            raw = self._instances.get(project=self._project, zone=zone, instance=name)
+            raw = self._instances.get(project=self._project, zone=zone, instance=name, **_ONCE)
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, f"reading {name} after creating it") from exc
         except TRANSPORT_ERRORS as exc:
@@ -315,7 +322,7 @@ class GcpProvider:
             if operation.status == compute_v1.Operation.Status.DONE:
                 break
             operation = self._operations.wait(
-                project=self._project, zone=zone, operation=operation.name
+                project=self._project, zone=zone, operation=operation.name, **_WAIT
             )
         else:
             raise Unavailable(f"GCE operation {operation.name} ({doing}) did not finish; retried")
@@ -330,7 +337,7 @@ class GcpProvider:
         doing = f"deleting {instance_id}"
         try:
             operation = self._instances.delete_unary(
-                project=self._project, zone=zone, instance=name
+                project=self._project, zone=zone, instance=name, **_ONCE
             )
             self._wait(operation, zone, doing)
         except gexc.NotFound:
@@ -345,7 +352,7 @@ class GcpProvider:
     def list_instances(self) -> list[Instance]:
         request = compute_v1.AggregatedListInstancesRequest(project=self._project)
         try:
-            pages = list(self._instances.aggregated_list(request=request))
+            pages = list(self._instances.aggregated_list(request=request, **_ONCE))
         except gexc.GoogleAPICallError as exc:
             raise error_for_http(exc, "listing instances") from exc
         except TRANSPORT_ERRORS as exc:
@@ -368,7 +375,8 @@ class GcpProvider:
                             project=self._project,
                             zone=zone,
                             filter=f'operationType="{PREEMPTED}"',
-                        )
+                        ),
+                        **_ONCE,
                     )
                 )
             except gexc.GoogleAPICallError as exc:

@@ -17,6 +17,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -203,9 +204,21 @@ def _skipped(row: ProviderRow, doing: str, exc: Exception) -> None:
         log.error("%s of %s failed: %r", doing, row.name, exc, exc_info=exc)
 
 
+def single_flight(d: Deps, sweep: str) -> AbstractContextManager[bool]:
+    """One run of `sweep` at a time across the workers (a session-level advisory lock): a
+    run still waiting on a slow provider makes the next one return at once, instead of
+    both holding a worker (and asking the provider twice)."""
+    return store.key_lock(d.factory, f"sweep-{sweep}")
+
+
 def poll_interruptions_run(d: Deps) -> list[str]:
     """Ask each provider holding spot instances for notices; newly draining instances
     trigger one re-plan at once. Returns the provider instance ids that began draining."""
+    with single_flight(d, "interruptions") as mine:
+        return _poll_interruptions(d) if mine else []
+
+
+def _poll_interruptions(d: Deps) -> list[str]:
     with transaction(d.factory) as session:
         rows = store.providers_holding(session, ACTIVE, spot_only=True)
     newly: list[str] = []
@@ -232,6 +245,11 @@ def poll_interruptions_run(d: Deps) -> list[str]:
 
 def refresh_offers_run(d: Deps) -> int:
     """Offers and spot prices into `pool.status["offer"]`; returns the pools updated."""
+    with single_flight(d, "offers") as mine:
+        return _refresh_offers(d) if mine else 0
+
+
+def _refresh_offers(d: Deps) -> int:
     with transaction(d.factory) as session:
         rows = store.providers_with_pools(session)
     updated = 0
@@ -252,6 +270,13 @@ def reconcile_run(d: Deps) -> dict[str, int]:
     instances gone, finish releases, delete orphans (launched for a key we gave up).
     Re-plans when capacity moved."""
     counts = {"adopted": 0, "resumed": 0, "gone": 0, "released": 0, "orphans": 0}
+    with single_flight(d, "reconcile") as mine:
+        if mine:
+            _reconcile(d, counts)
+    return counts
+
+
+def _reconcile(d: Deps, counts: dict[str, int]) -> None:
     with transaction(d.factory) as session:  # all, not only those holding: orphans too
         rows = store.providers_with_pools(session)
     for prow in rows:
@@ -282,7 +307,6 @@ def reconcile_run(d: Deps) -> dict[str, int]:
                 log.warning("orphan %s of %s: %s", pid, prow.name, exc)
     if counts["gone"]:
         d.replan("instance_gone")
-    return counts
 
 
 # -- Celery --------------------------------------------------------------------------------

@@ -259,3 +259,31 @@ def test_one_provider_down_or_broken_does_not_stop_the_sweeps_for_the_others(
     assert instance(deps.factory, held.id).state == "draining"
     assert tasks.refresh_offers_run(deps) >= 1  # provider 2's pool
     tasks.reconcile_run(deps)  # provider 1 skipped, not raised
+
+
+def test_a_sweep_runs_one_at_a_time(deps, fleet, local):
+    """A run still waiting on a slow provider: the next one (every 0.5 s for notices) returns
+    at once instead of holding a second worker and asking the provider again."""
+    from controlplane.procurement import store
+
+    pool = fleet.pool(purchase="spot", gpi=8)
+    carry_out(deps, plan(deps, {pool: 8}))
+    asked: list[str] = []
+
+    class Counting:
+        kind = "local"
+
+        def __getattr__(self, name: str) -> Any:
+            asked.append(name)
+            return getattr(local, name)
+
+    deps.providers = lambda row: Counting()
+    for sweep, run in (("interruptions", tasks.poll_interruptions_run),
+                       ("offers", tasks.refresh_offers_run),
+                       ("reconcile", tasks.reconcile_run)):  # fmt: skip
+        with store.key_lock(deps.factory, f"sweep-{sweep}") as held:
+            assert held
+            run(deps)
+        assert asked == [], sweep
+    tasks.poll_interruptions_run(deps)
+    assert asked == ["interruption_notices"]

@@ -28,3 +28,10 @@ def test_an_acquire_is_sent_with_its_request_id_as_the_task_id():
             "task_id": "req-1",
         }
     ]
+
+
+def test_a_periodic_task_not_started_before_the_next_is_due_is_dropped():
+    """Not queued behind the next: while a provider answered slowly, the 0.5 s notice polls
+    piled up by the thousand and starved acquires and releases."""
+    for name, entry in celery_app.conf.beat_schedule.items():
+        assert 0 < entry["options"]["expires"] <= entry["schedule"], name
