@@ -10,6 +10,7 @@ killed after the provider call reruns with the same keys.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -53,6 +54,8 @@ UNTIL: dict[Blocked, str] = {  # a block and the pool.status key saying until wh
     "quota_exceeded": "quota_until",
     "failing": "failing_until",
 }
+
+log = logging.getLogger(__name__)
 
 
 # -- plans ---------------------------------------------------------------------------------
@@ -320,11 +323,22 @@ def _block(
         )
 
 
-def begin_release(session: Session, instance_id: str) -> tuple[Pool, str | None, str] | None:
+def begin_release(
+    session: Session, instance_id: str, reason: str | None = None
+) -> tuple[Pool, str | None, str] | None:
     """Mark the row `releasing`: its pool, provider instance id and key; None when there
-    is nothing to give back."""
+    is nothing to give back — or, for an `idle` release, when the instance is no longer
+    idle (the plan that found it idle was overtaken while the task waited: load came back,
+    a replica landed on it)."""
     row = session.get(Instance, instance_id, with_for_update=True)
     if row is None or row.state in ("released", "failed", "gone"):
+        return None
+    if reason == "idle" and (
+        row.state != "running"
+        or row.idle_since is None
+        or session.scalar(select(Replica.id).where(Replica.instance_id == row.id).limit(1))
+    ):
+        log.info("instance %s is no longer idle: not released", row.provider_instance_id)
         return None
     row.state = "releasing"
     pool = session.get_one(Pool, row.pool_id)

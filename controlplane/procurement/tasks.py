@@ -148,10 +148,11 @@ def _failed(d: Deps, pool_id: str, row_ids: list[str], exc: ProviderError) -> Ou
 # -- release -------------------------------------------------------------------------------
 
 
-def release_run(d: Deps, instance_id: str) -> Outcome:
-    """Give the instance back to the provider (silent if already gone)."""
+def release_run(d: Deps, instance_id: str, reason: str | None = None) -> Outcome:
+    """Give the instance back to the provider (silent if already gone; an `idle` release
+    only if it still is idle)."""
     with transaction(d.factory) as session:
-        begun = store.begin_release(session, instance_id)
+        begun = store.begin_release(session, instance_id, reason)
     if begun is None:
         return Outcome()
     pool, pid, key = begun
@@ -188,7 +189,7 @@ def dispatch(actions: Iterable[Action], send: Callable[..., Any]) -> None:
             }
             send(ACQUIRE, kwargs=kwargs, task_id=action.request_id)
         elif isinstance(action, Release):
-            send(RELEASE, kwargs={"instance_id": action.instance_id})
+            send(RELEASE, kwargs={"instance_id": action.instance_id, "reason": action.reason})
 
 
 # -- periodic sweeps -----------------------------------------------------------------------
@@ -356,8 +357,8 @@ def register(app: Celery, deps: Callable[[], Deps]) -> Tasks:
         return finish(self, acquire_run(deps(), pool_id, count, rid, cluster_id))
 
     @app.task(name=RELEASE, bind=True, shared=False, **db_retries)
-    def release(self: Any, instance_id: str) -> dict[str, Any]:
-        return finish(self, release_run(deps(), instance_id))
+    def release(self: Any, instance_id: str, reason: str | None = None) -> dict[str, Any]:
+        return finish(self, release_run(deps(), instance_id, reason))
 
     @app.task(name=POLL_INTERRUPTIONS, shared=False)
     def poll_interruptions() -> list[str]:

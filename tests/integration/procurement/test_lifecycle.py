@@ -34,7 +34,7 @@ def carry_out(deps, actions: list[Any]) -> None:
         if isinstance(a, Acquire):
             tasks.acquire_run(deps, a.pool_id, a.count, a.request_id, a.cluster_id)
         else:
-            tasks.release_run(deps, a.instance_id)
+            tasks.release_run(deps, a.instance_id, a.reason)
 
 
 def instances(factory, pool_id: str) -> list[m.Instance]:
@@ -175,6 +175,22 @@ def test_idle_instances_go_after_the_deployments_scale_down_delay(deps, fleet, l
     assert [(type(a), a.reason) for a in actions] == [(Release, "idle")]
     carry_out(deps, actions)
     assert len(local.list_instances()) == 1
+
+
+def test_an_idle_release_overtaken_by_load_coming_back_releases_nothing(deps, fleet, local):
+    """The release task waited in the queue while the next plan wanted the instance again:
+    it used to terminate it all the same (and a replica placed on it meanwhile)."""
+    pool = fleet.pool(gpi=8)
+    fleet.deployment_on(pool, replicas=0, delay_s=600)
+    carry_out(deps, plan(deps, {pool: 16}))
+    plan(deps, {pool: 8})
+    deps.clock.advance(600)
+    queued = plan(deps, {pool: 8})
+    assert [(type(a), a.reason) for a in queued] == [(Release, "idle")]
+    assert plan(deps, {pool: 16}) == []  # load is back before the task runs
+    carry_out(deps, queued)
+    assert len(local.list_instances()) == 2
+    assert {i.state for i in instances(deps.factory, pool)} == {"running"}
 
 
 def test_load_coming_back_stops_the_idle_clock(deps, fleet):
