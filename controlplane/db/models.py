@@ -389,6 +389,8 @@ class WebhookCursor(Base):
     row_id: Mapped[str] = mapped_column(String(36), default="")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     """Failed tries of the batch at the cursor; 0 after a delivery."""
+    rejections: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Of those, refusals in a row (any other failure resets it): what dead-letters."""
     next_attempt_at: Mapped[datetime | None]
     delivered: Mapped[int] = mapped_column(BigInteger, default=0)
     failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0)

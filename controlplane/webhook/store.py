@@ -39,6 +39,7 @@ def cursor(session: Session, stream: str) -> WebhookCursor:
             txid=horizon(session),
             row_id="",
             attempts=0,
+            rejections=0,
             delivered=0,
             failed_attempts=0,
             dead_letters=0,
@@ -86,27 +87,34 @@ def _entry(row: Event | AuditEntry) -> Entry:
 def record_delivered(session: Session, stream: str, last: Entry, count: int) -> None:
     row = session.get_one(WebhookCursor, stream, with_for_update=True)
     row.txid, row.row_id = last.txid, last.row_id
-    row.attempts, row.next_attempt_at, row.last_error = 0, None, None
+    row.attempts, row.rejections, row.next_attempt_at, row.last_error = 0, 0, None, None
     row.delivered += count
 
 
 def record_failed(
-    session: Session, stream: str, error: str, retry_at: Callable[[int], datetime]
-) -> int:
-    """One more failed try of the batch at the cursor, next tried at ``retry_at(failures in
-    a row)``; returns the failures in a row."""
+    session: Session,
+    stream: str,
+    error: str,
+    retry_at: Callable[[int], datetime],
+    *,
+    rejected: bool,
+) -> tuple[int, int]:
+    """One more failed try of the batch at the cursor (``rejected``: the receiver refused
+    it), next tried at ``retry_at(failures in a row)``; returns the failures in a row and
+    the refusals in a row (any other failure resets those)."""
     row = session.get_one(WebhookCursor, stream, with_for_update=True)
     row.attempts += 1
+    row.rejections = row.rejections + 1 if rejected else 0
     row.failed_attempts += 1
     row.next_attempt_at, row.last_error = retry_at(row.attempts), error[:255]
-    return row.attempts
+    return row.attempts, row.rejections
 
 
 def record_dead_letter(session: Session, stream: str, last: Entry, count: int) -> None:
     """Skip the refused batch (its rows stay in their table) and count it."""
     row = session.get_one(WebhookCursor, stream, with_for_update=True)
     row.txid, row.row_id = last.txid, last.row_id
-    row.attempts, row.next_attempt_at = 0, None
+    row.attempts, row.rejections, row.next_attempt_at = 0, 0, None
     row.dead_letters += count
 
 

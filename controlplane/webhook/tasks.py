@@ -85,17 +85,17 @@ def _export_stream(
                 store.record_delivered(session, stream, last, count)
                 delivered += count
                 continue
-            attempts = store.record_failed(
-                session, stream, error, lambda n: core.next_attempt(n, now)
+            rejected = outcome is core.Outcome.REJECTED
+            attempts, rejections = store.record_failed(
+                session, stream, error, lambda n: core.next_attempt(n, now), rejected=rejected
             )
-            limit = settings.events_webhook_max_rejections
-            dead = outcome is core.Outcome.REJECTED and attempts >= limit
+            dead = rejected and rejections >= settings.events_webhook_max_rejections
             if dead:
                 store.record_dead_letter(session, stream, last, count)
         if dead:
             log.error(
                 "webhook: %d %s alert(s) dead-lettered after %d refusals (%s): rows %s … %s",
-                *(count, stream, attempts, error, entries[0].row_id, last.row_id),
+                *(count, stream, rejections, error, entries[0].row_id, last.row_id),
             )
         else:
             log.warning("webhook: %s batch not delivered (%s), try %d", stream, error, attempts)

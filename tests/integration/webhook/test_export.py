@@ -239,6 +239,26 @@ def test_a_refused_batch_is_dead_lettered_counted_and_the_rest_flows(
     assert 'gpufleet_webhook_consecutive_failures{stream="event"} 0.0' in metrics
 
 
+def test_only_refusals_in_a_row_dead_letter_a_batch(
+    tokens: Any, session_factory: sessionmaker[Session], receiver: Receiver
+) -> None:
+    """Four 503s (a receiver restarting) then one 401 counted five failures, the limit, and
+    the alerts were dropped after a single refusal."""
+    settings = _settings(receiver.url, events_webhook_max_rejections=3)
+    _run(session_factory, settings, T0)
+    _event(session_factory, 1)
+    receiver.answers = [503, 503, 503, 503, 401, 503, 401, 401]
+    at = T0
+    for _ in range(8):
+        _run(session_factory, settings, at)
+        at += timedelta(hours=1)  # past any backoff
+    cursor = _cursor(session_factory, "event")
+    assert (cursor.dead_letters, cursor.delivered) == (0, 0)  # 2 refusals in a row, not 3
+    receiver.answers = [401]
+    _run(session_factory, settings, at)
+    assert _cursor(session_factory, "event").dead_letters == 1
+
+
 def test_no_url_no_export(tokens: Any, session_factory: sessionmaker[Session]) -> None:
     assert export(session_factory, Settings(), lambda body: (200, ""), T0) == {}
     with session_factory() as s:
