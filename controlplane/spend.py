@@ -152,11 +152,12 @@ def _bite(
     )
 
 
-def granted(ask: Ask, placed: int, cost_per_hour: float, now: datetime) -> Grant | None:
+def granted(ask: Ask, placed: int, now: datetime) -> Grant | None:
     """What placement added from reported demand (None: nothing): the placed replicas above
-    the baseline, at the deployment's average cost per replica."""
+    the baseline, at the upper estimate `allow` checked them against. At the deployment's
+    average cost instead, 8 replicas on a $1 pool and 8 new on a $10 one were kept as
+    $44/h where $80/h was added: the bounds could be passed by the ratio of the prices."""
     growth = min(placed, ask.wanted) - ask.baseline
     if growth <= 0:
         return None
-    per_replica = cost_per_hour / placed if placed else ask.cost_per_replica
-    return Grant(now, growth * ask.gpus_per_replica, round(growth * per_replica, 6))
+    return Grant(now, growth * ask.gpus_per_replica, round(growth * ask.cost_per_replica, 6))

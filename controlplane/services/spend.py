@@ -84,8 +84,7 @@ def record(
     for ask in wishes:
         row = rows[ask.deployment]
         kept = recent(_grants(row), now, limits.window)
-        cost = result.cost_per_hour.get(ask.deployment, 0.0)
-        new = granted(ask, placed.get(ask.deployment, 0), cost, now)
+        new = granted(ask, placed.get(ask.deployment, 0), now)
         if new is not None:
             kept.append(new)
         grants = [{"at": g.at, "gpus": g.gpus, "cost_per_hour": g.cost_per_hour} for g in kept]

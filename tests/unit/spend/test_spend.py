@@ -57,10 +57,15 @@ def test_shrinking_and_the_spec_floor_are_never_bounded():
     assert allowance.bites == []
 
 
-def test_a_grant_is_what_placement_added_above_the_baseline():
+def test_a_grant_is_what_placement_added_above_the_baseline_at_the_checked_price():
+    """Kept at the upper estimate the guard checked (`Ask.price_per_gpu_hour`), never the
+    deployment's average: cheap replicas already placed must not make dear new ones look
+    cheap (8 on a $1 pool + 8 new on a $10 one were kept as $44/h, not $80/h)."""
     wish = ask(baseline=1, wanted=4, gpus=2)
-    assert granted(wish, placed=3, cost_per_hour=3 * 2 * H100, now=T0) == Grant(T0, 4, 15.72)
-    assert granted(wish, placed=1, cost_per_hour=2 * H100, now=T0) is None
+    assert granted(wish, placed=3, now=T0) == Grant(
+        T0, 4, round(2 * 2 * wish.price_per_gpu_hour, 6)
+    )
+    assert granted(wish, placed=1, now=T0) is None
 
 
 @given(
