@@ -25,6 +25,9 @@ class InstanceState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     STOPPING = "stopping"
+    STOPPED = "stopped"
+    """Stopped by the provider (GCE's TERMINATED after a host event): it exists and its
+    disks bill, it serves nothing; procurement marks its row gone and deletes it."""
     UNKNOWN = "unknown"
 
 

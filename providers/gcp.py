@@ -86,8 +86,8 @@ _STATES = {
     "STOPPED": InstanceState.STOPPING,
     "SUSPENDING": InstanceState.STOPPING,
     "SUSPENDED": InstanceState.STOPPING,
+    "TERMINATED": InstanceState.STOPPED,  # stopped, not deleted: its disks still bill
 }
-_GONE = {"TERMINATED"}
 
 
 def error_for_operation(code: str, message: str, doing: str) -> ProviderError:
@@ -361,7 +361,7 @@ class GcpProvider:
             self._instance(raw)
             for _, scoped in pages
             for raw in scoped.instances
-            if LABEL_POOL in raw.labels and raw.status not in _GONE
+            if LABEL_POOL in raw.labels
         ]
 
     def interruption_notices(self) -> list[InterruptionNotice]:

@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from providers.base import Instance as ProviderInstance
 from providers.base import (
+    InstanceState,
     InsufficientCapacity,
     ProviderError,
     QuotaExceeded,
@@ -231,10 +232,12 @@ def repair(
     | requested, stale       | not listed                 | resume with the same key      |
     | running, past grace    | not listed                 | gone                          |
     | draining               | not listed                 | gone (taken back)             |
+    | running/draining       | listed, stopped            | gone, and delete it           |
     | releasing, stale       | any                        | release again                 |
     | failed/released/gone   | listed for the row's key   | delete that orphan            |
     """
     by_id = {i.id for i in listed}
+    stopped = {i.id for i in listed if i.state is InstanceState.STOPPED}
     by_key = {i.idempotency_key: i for i in listed if i.idempotency_key}
     adopt: list[Adopt] = []
     resume: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -248,6 +251,9 @@ def repair(
             adopt.append(Adopt(row.id, made.id))
         elif row.state == "requested" and age >= policy.stale_request_s:
             resume[row.pool_id].append((row.id, row.idempotency_key))
+        elif row.state in ("running", "draining") and row.provider_instance_id in stopped:
+            gone.append(row.id)  # it serves nothing and bills for its disks: replace it
+            orphans.append(row.provider_instance_id)
         elif row.state in ("running", "draining") and row.provider_instance_id not in by_id:
             if age >= policy.gone_grace_s or row.state == "draining":
                 gone.append(row.id)

@@ -83,3 +83,25 @@ def test_invariants(spec):
     live = {r.provider_instance_id for r in rows if r.state in ("running", "draining")}
     assert not live & set(todo.orphans)  # an instance we still hold is never deleted
     assert all(by_id[a.row_id].state == "requested" for a in todo.adopt)
+
+
+def test_an_instance_the_provider_stopped_is_gone_and_deleted():
+    """GCE's TERMINATED (stopped after a host event) was left out of the list: its row went
+    gone after the grace, a replacement was bought, and the stopped one billed for its disks
+    for ever."""
+    from dataclasses import replace
+
+    from providers.base import InstanceState
+
+    row = make_row("running", 10)
+    (listed,) = listed_for(row)
+    todo = repaired([row], [replace(listed, state=InstanceState.STOPPED)])
+    assert todo.gone == (row.id,) and todo.orphans == (listed.id,)
+    assert repaired([row], [listed]) == Repairs()  # running: nothing to do
+
+
+def test_gce_lists_a_stopped_instance_as_stopped():
+    from providers import gcp
+    from providers.base import InstanceState
+
+    assert gcp._STATES["TERMINATED"] is InstanceState.STOPPED
