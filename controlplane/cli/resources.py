@@ -7,6 +7,7 @@ difference, 1 for a difference, 2 for an error.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,6 +172,13 @@ def _put(client: Client, change: Change) -> None:
     typer.echo(f"{m.kind.path}/{m.name} {verb} (generation {result.get('generation')})")
     if result.get("token"):
         typer.echo(f"  token (shown once, store it now): {result['token']}")
+    if result.get("nats_credentials"):  # a new cluster's agent logs in with these, and
+        # nothing can show them again (re-creating the cluster makes new ones)
+        creds = json.dumps(result["nats_credentials"], separators=(",", ":"))
+        typer.echo(
+            f"  NATS credentials (shown once; save them as the agent's --credentials-file, "
+            f"mode 0600): {creds}"
+        )
 
 
 @app.command()

@@ -73,6 +73,10 @@ def test_apply_get_diff_edit_apply_describe_delete(
         "deployments/chat-llm",
     ]
     assert "6 to create, 0 to update, 0 unchanged" in applied.output
+    # the new cluster's agent logs in with these, and nothing can show them again
+    (line,) = [x for x in applied.output.splitlines() if "NATS credentials (shown once" in x]
+    creds = json.loads(line.split(": ", 1)[1])
+    assert creds["user"] == "cluster-use1-a" and len(creds["password"]) >= 32
 
     pools = cli("get", "pools")
     assert pools.exit_code == 0, pools.output
