@@ -58,6 +58,15 @@ class Secrets:
             self._write(path.name, {"user": creds.user, "password": creds.password})
         return NatsCredentials.model_validate_json(path.read_text())
 
+    def save_admin_token(self, token: str) -> Path:
+        """The admin token `up` made at the first start, kept at once: a start that fails
+        after making it (a port that did not open in time) lost it for good before."""
+        return self._write("admin-token.json", {"token": token})
+
+    @property
+    def admin_token_path(self) -> Path:
+        return self.root / "admin-token.json"
+
     def save_cluster(self, cluster: str, creds: dict[str, str]) -> Path:
         return self._write(f"cluster-{cluster}.json", creds)
 

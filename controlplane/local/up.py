@@ -26,8 +26,10 @@ from controlplane.local.gateways import (
     gateway_base_port,
     metrics_ports,
 )
+from controlplane.local.nats import NatsServerError
 from controlplane.local.ports import ServerExited, port_is_free, wait_for_port
 from controlplane.local.postgres import EmbeddedPostgres, PostgresError
+from controlplane.local.redis import RedisError
 from controlplane.local.secrets import Secrets, cluster_users
 from controlplane.local.supervisor import (
     MAX_BACKOFF_S,
@@ -269,17 +271,25 @@ def load_fleet(
 
 def bootstrap(database_url: str) -> str | None:
     """Migrate to head and create the first admin token; returns its secret on first start."""
+    from sqlalchemy.exc import OperationalError
+
     from controlplane.db.migrate import upgrade
     from controlplane.db.session import make_engine, make_session_factory, transaction
     from controlplane.services.tokens import ensure_admin_token
 
-    upgrade(database_url)
-    engine = make_engine(database_url, pool_size=1)
     try:
-        with transaction(make_session_factory(engine)) as session:
-            return ensure_admin_token(session)
-    finally:
-        engine.dispose()
+        upgrade(database_url)
+        engine = make_engine(database_url, pool_size=1)
+        try:
+            with transaction(make_session_factory(engine)) as session:
+                return ensure_admin_token(session)
+        finally:
+            engine.dispose()
+    except OperationalError as exc:
+        raise UpError(
+            f"cannot use the database: {str(exc.orig or exc).strip().splitlines()[0]}; check "
+            "GPUFLEET_DATABASE_URL, or unset it to use the embedded PostgreSQL"
+        ) from exc
 
 
 class Fleet:
@@ -295,6 +305,8 @@ class Fleet:
         self.env: dict[str, str] = {}
         self.secrets = Secrets(self.data_dir / "secrets")
         self.servers: list[Child] = []
+        self.interrupted = False
+        """Ctrl-C (or SIGTERM) came: waits during the start end at once."""
         """Servers `up` started itself (NATS, Redis), supervised like the other children."""
         self.nats: Child | None = None
         self.postgres: EmbeddedPostgres | None = None
@@ -406,8 +418,12 @@ class Fleet:
         assert child.port is not None
         log = self.log_dir / (child.name + ".log")
         try:
-            wait_for_port(child.port, PORT_WAIT_S, alive=lambda: child.alive)
+            wait_for_port(
+                child.port, PORT_WAIT_S, alive=lambda: child.alive and not self.interrupted
+            )
         except ServerExited as exc:
+            if self.interrupted:
+                raise UpError("interrupted while starting; stopping what had started") from exc
             raise UpError(
                 f"{child.name} exited before it opened port {child.port}; see {log}"
             ) from exc
@@ -533,7 +549,7 @@ def run_up(
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal stopping
-        stopping = True
+        stopping = fleet.interrupted = True
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -541,6 +557,9 @@ def run_up(
         lock.acquire()
         fleet.start_servers()
         token = bootstrap(fleet.env["GPUFLEET_DATABASE_URL"])
+        if token:  # kept before anything else can fail
+            fleet.secrets.save_admin_token(token)
+            _login_cli(f"http://{settings.api_host}:{settings.api_port}", token)
         if token and settings.load_demo_fleet and FLEET.exists():
             count = load_fleet(
                 fleet.env["GPUFLEET_DATABASE_URL"], FLEET, fleet.secrets, settings.router_base_port
@@ -554,7 +573,7 @@ def run_up(
         scrape = ScrapeTargets(settings, fleet.env["GPUFLEET_DATABASE_URL"], fleet.secrets)
         scrape.ensure_token()
         scrape.refresh()
-        _announce(settings, token, say, data, routers.lines())
+        _announce(settings, token, say, data, routers.lines(), fleet.secrets.admin_token_path)
         every = settings.up_status_every_s
         jobs = [
             Periodic("reading which models the routers serve", routers.changes, every),
@@ -574,12 +593,23 @@ def run_up(
             time.sleep(0.2)
         say("stopping…")
         return 0
-    except UpError as exc:
-        say(f"error: {exc}")
+    except (UpError, PostgresError, NatsServerError, RedisError) as exc:
+        say(f"error: {exc}")  # what to change, not a traceback
         return 1
     finally:
         fleet.stop()
         lock.release()
+
+
+def _cli_points_at(url: str) -> bool:
+    """Whether the CLI's saved login is this fleet's (with a token)."""
+    from controlplane.cli.config import config_path, read_file
+
+    try:
+        stored = read_file(config_path())
+    except Exception:  # a config the CLI itself will complain about
+        return False
+    return str(stored.get("url", "")).rstrip("/") == url and bool(stored.get("token"))
 
 
 def _login_cli(url: str, token: str) -> Path | None:
@@ -738,6 +768,7 @@ def _announce(
     say: Callable[[str], None],
     data: Path,
     routers: list[str],
+    token_file: Path,
 ) -> None:
     url = f"http://{settings.api_host}:{settings.api_port}"
     say(f"gpufleet is up  (data: {data}, logs: {data / 'logs'})")
@@ -749,15 +780,14 @@ def _announce(
         say(line)
     config = data / "prometheus" / "prometheus.yml"
     say(f"  metrics    every process's /metrics: prometheus --config.file={config}")
+    kept = f"kept in {token_file}" if token_file.exists() else "not kept on disk"
     if token:
         say(f"  admin token (shown once, keep it): {token}")
-        saved = _login_cli(url, token)
-        if saved:
-            say(
-                f"  the gpufleet CLI is logged in ({saved}): try `.venv/bin/gpufleet get deployments`"
-            )
-        else:
-            say(f"  try: gpufleet login --url {url} --token <token> && gpufleet get deployments")
+        say(f"    ({kept}: delete that file once you have stored the token elsewhere)")
     else:
-        say("  admin token: created at first start (not shown again)")
+        say(f"  admin token: created at the first start ({kept})")
+    if _cli_points_at(url):
+        say("  the gpufleet CLI is logged in: try `.venv/bin/gpufleet get deployments`")
+    else:
+        say(f"  try: gpufleet login --url {url} --token <token> && gpufleet get deployments")
     say("Ctrl-C stops everything.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -201,6 +202,10 @@ def test_up_serves_the_demo_fleet_stops_cleanly_and_keeps_state(data_dir, ports)
     again = Up(data_dir, ports)
     again.wait_for(READY)
     assert "admin token (shown once" not in again.output
+    kept = data_dir / "secrets" / "admin-token.json"  # written as soon as it was made
+    assert f"admin token: created at the first start (kept in {kept.resolve()})" in again.output
+    assert json.loads(kept.read_text()) == {"token": token[1]}
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
     assert api.get("/api/v1/gpu-types/B200-192G").status_code == 200  # state survived
     assert again.interrupt() == 0
 
@@ -214,3 +219,12 @@ def test_a_busy_port_is_a_clear_error(data_dir, ports):
         up = Up(data_dir, ports)
         assert up.proc.wait(60) == 1
     assert f"api port {ports['api']} already in use" in up.output
+
+
+def test_a_database_that_cannot_be_reached_is_a_clear_error(data_dir, ports):
+    """Not a traceback from deep inside the migrations: what failed and what to change."""
+    nowhere = {"GPUFLEET_DATABASE_URL": "postgresql+psycopg://gpufleet:x@127.0.0.1:1/gpufleet"}
+    up = Up(data_dir, ports, extra_env=nowhere)
+    assert up.proc.wait(120) == 1
+    assert "error: cannot use the database:" in up.output
+    assert "check GPUFLEET_DATABASE_URL" in up.output and "Traceback" not in up.output
