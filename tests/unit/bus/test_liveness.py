@@ -183,3 +183,30 @@ def test_no_cluster_goes_down_for_silence_the_bus_could_not_hear(silences, lag, 
             assert horizon - beats[cluster] >= DOWN
     went_down = [c for c, (_, new) in verdict.changes.items() if new == "down"]
     assert len(went_down) < 2 or len(went_down) < 0.5 * len(beats)
+
+
+def test_a_fleet_wide_silence_crossing_the_line_over_two_checks_moves_nothing():
+    """Heartbeats every 5 s with their own phases, checks every 5 s: a cut between the
+    planes and NATS (the bus process itself fine) reaches down_after for some clusters one
+    check before the others. Counting only those crossing in one check, 4 of 10 went down
+    (and were re-placed) before the other 6 tripped the breaker."""
+    names = [f"c{i}" for i in range(10)]
+    beats = {n: T0 + (95 + 0.5 * i) * S for i, n in enumerate(names)}  # silent from ~100 s
+    state: dict[str, Liveness] = dict.fromkeys(names, "healthy")
+    for k in range(41):
+        now = T0 + (100 + 2.5 * k) * S
+        progress = BusProgress(alive_at=now, caught_up_at=now)
+        verdict = judge(state, beats, now, STALE, DOWN, progress)
+        for cluster, (_, new) in verdict.changes.items():
+            state[cluster] = new
+        assert "down" not in state.values(), (now, state)
+
+
+def test_a_cluster_down_long_ago_does_not_make_the_next_one_trip_the_breaker():
+    """A cluster already down is not "silent at once" with a new failure: in a small
+    fleet it kept every later death from being declared."""
+    beats = {"a": T0, "b": T0 + 200 * S, "c": T0 + 260 * S}
+    progress = BusProgress(alive_at=T0 + 260 * S, caught_up_at=T0 + 260 * S)
+    previous: dict[str, Liveness] = {"a": "down", "b": "healthy", "c": "healthy"}
+    verdict = judge(previous, beats, T0 + 260 * S, STALE, DOWN, progress)
+    assert verdict.changes == {"b": ("healthy", "down")} and verdict.suspended is None
