@@ -97,16 +97,35 @@ class SnapshotLoop:
         self._published: dict[str, int] = {}
         self._known: set[str] | None = None  # clusters with a key: the bucket's, at start
         self._too_large: set[str] = set()
+        self._failing: dict[str, str] = {}
 
     async def tick(self) -> None:
-        if self._known is None:
-            self._known = await stored_clusters(self._kv)
-        states, names = await asyncio.to_thread(_pending, self._factory, self._published)
+        """Never raises: what fails is logged and tried again (a cluster's publication at
+        the next tick; a key it cannot retire — unreadable, or not a cluster name — is left
+        as it is). One bad key in the bucket used to stop the bus process at every start:
+        no desired state published, no report consumed."""
+        try:
+            if self._known is None:
+                self._known = await stored_clusters(self._kv)
+            states, names = await asyncio.to_thread(_pending, self._factory, self._published)
+        except Exception:
+            log.exception("reading what to publish failed; retrying at the next tick")
+            return
         for gone in sorted(self._known - names):
-            await self._retire(gone)
+            try:
+                await self._retire(gone)
+            except Exception:
+                log.exception("retiring the desired state of %r failed; key left as it is", gone)
         self._known = (self._known & names) | {s.cluster for s in states}
         for state in states:
-            await self._publish(state)
+            try:
+                await self._publish(state)
+            except Exception as exc:
+                if self._failing.get(state.cluster) != repr(exc):  # once while it fails so
+                    log.exception("publishing %s's desired state failed; retrying", state.cluster)
+                self._failing[state.cluster] = repr(exc)
+            else:
+                self._failing.pop(state.cluster, None)
 
     async def _retire(self, cluster: str) -> None:
         result = await retire_desired(self._kv, cluster)

@@ -230,3 +230,16 @@ async def test_a_deleted_clusters_agent_is_told_to_stop_and_its_name_can_be_used
     stored, _ = await current_desired(kv, "small")
     assert stored is not None and {d.name for d in stored.deployments} == {"chat"}
     assert stored.version > retired.version
+
+
+async def test_a_key_it_cannot_read_does_not_stop_the_publisher(fleet, small_nats):
+    """A corrupt entry (a restored bucket, a hand edit) under a name PostgreSQL has no
+    cluster for: retiring it raised out of the loop, and the bus process exited at every
+    start — no desired state published, no report consumed."""
+    nc, kv = small_nats
+    await kv.put("ghost", b"{not json")
+    await kv.put("Not_A_Cluster", b"{}")
+    loop = SnapshotLoop(fleet, kv, nc.max_payload)
+    await loop.tick()
+    assert await _stored(kv, "small") == (_generation(fleet, "small"), {"chat"})
+    await loop.tick()  # and again: nothing raised, nothing left to retry
