@@ -349,7 +349,13 @@ def decide(
     reason while the new revision scales."""
     if r.done or r.phase is Phase.PAUSED:
         return r
+    if total <= 0:  # a revision that serves nothing is never judged, so never promoted
+        return replace(r, reason="nothing is placed for the deployment: waiting for capacity")
     if r.phase is Phase.SCALING:
+        if share(r, policy) > 0:  # the last step's share still goes to the new revision
+            verdict = judge(new, stable, policy.gates)
+            if verdict.passed is False:
+                return Rollout(r.step, Phase.ROLLED_BACK, now, f"gate failed: {verdict.reason}")
         need = replicas_for(total, r, policy)
         if new_ready < need:
             reason = _scaling_reason(need, new_ready, policy, r) + _waiting_note(waiting or {})

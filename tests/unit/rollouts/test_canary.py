@@ -168,3 +168,27 @@ def test_at_a_100_percent_step_the_gates_use_the_stable_revisions_baseline():
     assert ro.decide(full, policy, at(1), 2, 2, bad, quiet).phase is ro.Phase.ROLLED_BACK
     slow = ro.decide(full, policy, at(3), 2, 2, good, STABLE)  # a real baseline: compared
     assert slow.phase is ro.Phase.ROLLED_BACK and "p99 TTFT" in slow.reason
+
+
+def test_a_revision_failing_while_the_next_step_scales_is_rolled_back():
+    """Between two steps the lane keeps the last step's share while the next one's replicas
+    start (GPUs to wait for, a model to load): its gates are judged there too. They were not,
+    so 5 % of the users got errors for as long as the scaling took."""
+    bad = ro.Window(requests=5000, errors=5000, p99_ttft_s=0.2, p99_e2e_s=2.0)
+    scaling = ro.Rollout(1, ro.Phase.SCALING, T0)
+    assert ro.share(scaling, POLICY) == 0.05
+    r = ro.decide(scaling, POLICY, at(5 * 3600), 1, 20, bad, STABLE)
+    assert r.phase is ro.Phase.ROLLED_BACK and "gate failed" in r.reason
+    fine = ro.decide(scaling, POLICY, at(60), 1, 20, GOOD, STABLE)
+    assert fine.phase is ro.Phase.SCALING  # still waiting for 5 ready replicas
+
+
+def test_a_rollout_with_nothing_placed_waits_instead_of_promoting_unjudged():
+    """With no replica anywhere every step was "ready" (0 of 0) and every hold passed as
+    idle: promoted, and all traffic went to a revision nobody had judged once capacity came."""
+    r, t = ro.start(T0), 0.0
+    for _ in range(12):
+        r = ro.decide(r, POLICY, at(t), 0, 0, ro.Window(0, 0, 0.0, 0.0), ro.Window(0, 0, 0.0, 0.0))
+        t += 400
+    assert (r.phase, r.step) == (ro.Phase.SCALING, 0) and ro.share(r, POLICY) == 0.0
+    assert "nothing is placed" in r.reason
