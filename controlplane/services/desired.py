@@ -246,7 +246,11 @@ def _holds(
         select(Replica.deployment_id, Cluster.name, Instance.state)
         .join(Cluster, Cluster.id == Replica.cluster_id)
         .outerjoin(Instance, Instance.id == Replica.instance_id)
-        .where(Replica.deployment_id.in_(list(ids)), Replica.state == "ready")
+        .where(
+            Replica.deployment_id.in_(list(ids)),
+            Replica.state == "ready",
+            Cluster.state != "down",  # a dead plane's last report serves nobody
+        )
     ).all()
     leaving: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     staying: dict[str, int] = defaultdict(int)

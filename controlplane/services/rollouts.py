@@ -382,10 +382,12 @@ def _ready(session: Session, deployment_id: str, revision: int) -> int:
         session.scalar(
             select(func.count())
             .select_from(m.Replica)
+            .join(m.Cluster, m.Cluster.id == m.Replica.cluster_id)
             .where(
                 m.Replica.deployment_id == deployment_id,
                 m.Replica.revision == revision,
                 m.Replica.state == "ready",
+                m.Cluster.state != "down",  # a dead plane's last report serves nobody
             )
         )
         or 0

@@ -71,7 +71,12 @@ def _leaving() -> Select[str, str, int]:
     return (
         select(m.Replica.deployment_id, m.Replica.cluster_id, func.count().label("replicas"))
         .join(m.Instance, m.Instance.id == m.Replica.instance_id)
-        .where(m.Replica.state == "ready", m.Instance.state == "draining")
+        .join(m.Cluster, m.Cluster.id == m.Replica.cluster_id)
+        .where(
+            m.Replica.state == "ready",
+            m.Instance.state == "draining",
+            m.Cluster.state != "down",  # a dead plane's last report serves nobody
+        )
         .group_by(m.Replica.deployment_id, m.Replica.cluster_id)
     )
 

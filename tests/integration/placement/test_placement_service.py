@@ -232,3 +232,20 @@ async def test_a_cluster_the_deployment_left_keeps_its_held_replica_until_the_re
     await replacement_ready(session_factory)
     _, gone = eu_assistant_on(session_factory, "use1-a")
     assert gone == [], "replacement ready: the deployment leaves use1-a"
+
+
+async def test_replicas_a_dead_cluster_last_reported_do_not_end_a_hold(
+    demo, operator, session_factory
+):
+    """A down cluster's replica rows stay as it last reported them: counted as ready, they
+    made a replica on a draining instance stop before its replacement was up anywhere."""
+    operator.post("placement/replan", {})
+    seed_leaving(session_factory, "euc1-a", "aws-euc1-h100-od")
+    with transaction(session_factory) as s:  # a ghost: use1-a died after reporting it ready
+        dep = named(s, m.Deployment, "eu-assistant")
+        dead = named(s, m.Cluster, "use1-a")
+        dead.state = "down"
+        s.add(m.Replica(name="r-ghost", deployment_id=dep.id, cluster_id=dead.id,
+                        state="ready"))  # fmt: skip
+    _, [eu] = eu_assistant_on(session_factory, "euc1-a")
+    assert eu.hold_leaving == 1, "the dead plane's replica serves nobody: keep holding"
