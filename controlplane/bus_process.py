@@ -60,23 +60,27 @@ from gpufleet_logging import configure_logging
 log = logging.getLogger("gpufleet.bus")
 
 
-def pending_snapshots(
-    factory: sessionmaker[Session], published: dict[str, int]
-) -> list[DesiredState]:
-    return _pending(factory, published)[0]
+Published = dict[str, tuple[str, int]]
+"""Cluster name → (the cluster's id, the generation published for it): a cluster deleted
+and made again under its name (a new id) is published afresh."""
 
 
 def _pending(
-    factory: sessionmaker[Session], published: dict[str, int]
-) -> tuple[list[DesiredState], set[str]]:
-    """The snapshots to publish, and the name of every cluster PostgreSQL has."""
+    factory: sessionmaker[Session], published: Published
+) -> tuple[list[tuple[str, DesiredState]], set[str]]:
+    """The snapshots to publish (with their cluster's id), and every cluster's name."""
     with factory() as session:
         clusters = session.scalars(select(Cluster).order_by(Cluster.name)).all()
-        return [
-            desired_state(session, c)
-            for c in clusters
-            if c.desired_generation >= 1 and published.get(c.name, 0) < c.desired_generation
-        ], {c.name for c in clusters}
+        return [(c.id, desired_state(session, c)) for c in clusters if _due(c, published)], {
+            c.name for c in clusters
+        }
+
+
+def _due(cluster: Cluster, published: Published) -> bool:
+    if cluster.desired_generation < 1:
+        return False
+    seen = published.get(cluster.name)
+    return seen is None or seen[0] != cluster.id or seen[1] < cluster.desired_generation
 
 
 def _write(factory: sessionmaker[Session], write: Callable[[Session], None]) -> None:
@@ -94,7 +98,7 @@ class SnapshotLoop:
     ) -> None:
         self._factory, self._kv = factory, kv
         self._publisher = DesiredPublisher(kv, max_payload)
-        self._published: dict[str, int] = {}
+        self._published: Published = {}
         self._known: set[str] | None = None  # clusters with a key: the bucket's, at start
         self._too_large: set[str] = set()
         self._failing: dict[str, str] = {}
@@ -116,10 +120,10 @@ class SnapshotLoop:
                 await self._retire(gone)
             except Exception:
                 log.exception("retiring the desired state of %r failed; key left as it is", gone)
-        self._known = (self._known & names) | {s.cluster for s in states}
-        for state in states:
+        self._known = (self._known & names) | {s.cluster for _, s in states}
+        for cluster_id, state in states:
             try:
-                await self._publish(state)
+                await self._publish(cluster_id, state)
             except Exception as exc:
                 if self._failing.get(state.cluster) != repr(exc):  # once while it fails so
                     log.exception("publishing %s's desired state failed; retrying", state.cluster)
@@ -139,11 +143,11 @@ class SnapshotLoop:
                 result.outcome,
             )
 
-    async def _publish(self, state: DesiredState) -> None:
+    async def _publish(self, cluster_id: str, state: DesiredState) -> None:
         try:
             result = await self._publisher.publish(state)
         except DesiredStateTooLarge as exc:
-            self._published[state.cluster] = state.generation  # retried at its next one
+            self._published[state.cluster] = (cluster_id, state.generation)  # at its next one
             log.error("%s: not sent; other clusters are unaffected", exc)
             if state.cluster not in self._too_large:
                 self._too_large.add(state.cluster)
@@ -156,7 +160,7 @@ class SnapshotLoop:
                     ),
                 )
             return
-        self._published[state.cluster] = state.generation
+        self._published[state.cluster] = (cluster_id, state.generation)
         log.info(
             "desired state of %s at generation %d (epoch %d): %s",
             state.cluster,

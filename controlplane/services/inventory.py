@@ -362,6 +362,11 @@ def _on_create(session: Session, row: Any) -> dict[str, Any] | None:
         secret, row.token_hash, row.prefix = new_token()
         return {"token": secret}
     if isinstance(row, m.Cluster):
+        # generation 1, empty: published like any snapshot, so a key an earlier cluster of
+        # this name left behind (deleted and made again between two ticks of the bus, or
+        # while it was down) is overwritten — in a new epoch — instead of run by the new
+        # cluster's agent on GPUs placement takes for free
+        row.desired_generation = 1
         creds = generate_cluster_credentials(row.name)
         row.nats_user, row.nats_password_hash = creds.user, hash_password(creds.password)
         return {"nats_credentials": creds.model_dump()}

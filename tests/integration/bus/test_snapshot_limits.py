@@ -243,3 +243,19 @@ async def test_a_key_it_cannot_read_does_not_stop_the_publisher(fleet, small_nat
     await loop.tick()
     assert await _stored(kv, "small") == (_generation(fleet, "small"), {"chat"})
     await loop.tick()  # and again: nothing raised, nothing left to retry
+
+
+async def test_a_cluster_made_again_before_the_bus_noticed_starts_from_nothing(fleet, small_nats):
+    """Deleted and created again between two ticks (a Terraform replace): the key still held
+    the old cluster's snapshot, and the new cluster's agent ran it."""
+    nc, kv = small_nats
+    loop = SnapshotLoop(fleet, kv, nc.max_payload)
+    await loop.tick()
+    assert (await _stored(kv, "small") or (0, set()))[1] == {"chat"}
+    with fleet() as s, s.begin():
+        inventory.delete(s, KINDS["clusters"], "small", ACTOR)
+        _create(s, "clusters", ClusterSpec(name="small", region="use1", pools=["p1"]))
+    await loop.tick()
+    await loop.tick()
+    stored, _ = await current_desired(kv, "small")
+    assert stored is not None and stored.deployments == [] and stored.instances == []

@@ -232,9 +232,9 @@ async def test_the_publisher_out_numbers_a_kv_entry_it_never_wrote(
             async def published() -> bool:
                 return (await stored()) is not None
 
-            await eventually(published, 15, "generation 1 published")
-            first = await stored()
-            assert first is not None and first.version == (0, 1)
+            await eventually(published, 15, "generation 2 published")
+            first = await stored()  # a cluster is created at generation 1, bumped once here
+            assert first is not None and first.version == (0, 2)
             kv = await conn.jetstream().key_value(DESIRED_BUCKET)
             await kv.put(
                 desired_key(CLUSTER), encode(first.model_copy(update={"generation": 10**12}))
@@ -248,9 +248,9 @@ async def test_the_publisher_out_numbers_a_kv_entry_it_never_wrote(
 
             await eventually(new_epoch, 15, "the snapshot republished in a new epoch")
             latest = await stored()
-            assert latest is not None and latest.version == (1, 3)
+            assert latest is not None and latest.version == (1, 4)
             cluster = _cluster(session_factory)
-            assert (cluster.desired_epoch, cluster.desired_generation) == (1, 3)
+            assert (cluster.desired_epoch, cluster.desired_generation) == (1, 4)
         finally:
             await conn.close()
 
