@@ -187,19 +187,32 @@ def desired_state(session: Session, cluster: Cluster) -> DesiredState:
     )
 
 
-def retired_deployments(session: Session, within: timedelta = RETIRED_WITHIN) -> list[str]:
-    """Deployments a user deleted within ``within`` (the audit log) that do not exist again:
-    a plane drains them at once instead of keeping them through its disappearance grace."""
-    deleted = select(AuditEntry.resource_name).where(
-        AuditEntry.action == "delete",
-        AuditEntry.resource_kind == "Deployment",
-        AuditEntry.resource_name.is_not(None),
-        AuditEntry.time >= func.now() - within,
+RETIRED_MAX = 256
+"""The most deleted deployments a snapshot names (the latest): every cluster's snapshot
+carries them, and a churn of thousands pushed every snapshot past NATS' payload limit.
+One left out is only kept through its disappearance grace by a plane still serving it."""
+
+
+def retired_deployments(
+    session: Session, within: timedelta = RETIRED_WITHIN, most: int = RETIRED_MAX
+) -> list[str]:
+    """Deployments a user deleted within ``within`` (the audit log) that do not exist again,
+    the ``most`` latest: a plane drains them at once instead of keeping them through its
+    disappearance grace."""
+    latest = (
+        select(AuditEntry.resource_name)
+        .where(
+            AuditEntry.action == "delete",
+            AuditEntry.resource_kind == "Deployment",
+            AuditEntry.resource_name.is_not(None),
+            AuditEntry.time >= func.now() - within,
+            AuditEntry.resource_name.not_in(select(Deployment.name)),
+        )
+        .group_by(AuditEntry.resource_name)
+        .order_by(func.max(AuditEntry.time).desc())
+        .limit(most)
     )
-    existing = select(Deployment.name)
-    return sorted(
-        name for name in session.scalars(deleted.except_(existing)).all() if name is not None
-    )
+    return sorted(name for name in session.scalars(latest).all() if name is not None)
 
 
 def _leaving_here(session: Session, cluster: Cluster) -> list[Deployment]:

@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.db import models as m
-from controlplane.services.desired import desired_state
+from controlplane.services.desired import desired_state, retired_deployments
 from tests.integration.api import builders as b
 
 PLACED = {("d1", "a", "p1"): 2, ("d1", "b", "p1"): 1, ("d2", "c", "p2"): 1, ("d3", "b", "p2"): 1}
@@ -148,3 +148,15 @@ def test_changing_a_deployment_bumps_the_clusters_it_runs_on(world, session_fact
         == 200
     )
     assert _generations(session_factory)["b"] == 6  # no change, no bump
+
+
+def test_a_snapshot_names_only_the_latest_deleted_deployments(admin, session_factory):
+    """Every cluster's snapshot lists the deleted deployments (to drain at once): a churn of
+    thousands within the hour pushed every snapshot past the payload limit."""
+    b.seed(admin)
+    for name in ("gone-a", "gone-b", "gone-c"):
+        assert admin.post("deployments", b.deployment(name)).status_code == 201
+        assert admin.delete(f"deployments/{name}").status_code == 204
+    with session_factory() as s:
+        assert retired_deployments(s) == ["gone-a", "gone-b", "gone-c"]
+        assert retired_deployments(s, most=2) == ["gone-b", "gone-c"]
