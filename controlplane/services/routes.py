@@ -112,10 +112,12 @@ def _state(session: Session) -> m.RoutingState:
 
 def number_table(session: Session, now: datetime) -> Numbered:
     """The routing table now, at a new generation if its content changed since the last
-    one was numbered (under the state row's lock: two bus processes number it once)."""
+    one was numbered (under the state row's lock: two bus processes number it once). The
+    lock comes first: a content read before it could be older than what the other process
+    numbered meanwhile, and would have been numbered above it."""
+    state = _state(session)
     book = load_book(session)
     digest = book.digest()
-    state = _state(session)
     moved = state.digest != digest or state.generation == 0
     if moved:
         state.generation += 1
