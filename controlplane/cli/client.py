@@ -45,6 +45,13 @@ def _without_kind(detail: str) -> str:
     return detail
 
 
+def _not_a_url(url: str, exc: Exception) -> CliError:
+    return CliError(
+        f"{url!r} is not a URL the CLI can use ({exc}); give one like http://127.0.0.1:8080 "
+        "(--url, GPUFLEET_URL or `gpufleet login`)"
+    )
+
+
 CONNECT_TIMEOUT_S = 3.0
 DEFAULT_TIMEOUT_S = 15.0
 """How long the CLI waits for an answer; GPUFLEET_CLI_TIMEOUT (seconds) changes it."""
@@ -67,7 +74,10 @@ class Client:
         headers = {"Authorization": f"Bearer {context.token}"} if context.token else {}
         headers["User-Agent"] = "gpufleet-cli"
         timeout = httpx.Timeout(self.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.timeout_s))
-        self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout)
+        except httpx.InvalidURL as exc:
+            raise _not_a_url(context.url, exc) from None
 
     def __enter__(self) -> Client:
         return self
@@ -79,6 +89,8 @@ class Client:
         """Send one request; `what` names the object in error lines ("pools 'gpu-a'")."""
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.InvalidURL as exc:
+            raise _not_a_url(self.url, exc) from None
         except httpx.ConnectError as exc:
             raise CliError(
                 f"cannot reach the control plane at {self.url}; is `gpufleet up` running? "

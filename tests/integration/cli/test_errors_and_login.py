@@ -141,3 +141,12 @@ def test_a_bad_timeout_setting_says_what_to_set(tmp_path: Path) -> None:
     result = cli("get", "pools")
     assert result.exit_code == 1
     assert "GPUFLEET_CLI_TIMEOUT='soon' is not a number of seconds" in result.output
+
+
+def test_a_mistyped_url_is_one_line_saying_what_a_url_looks_like(tmp_path: Path) -> None:
+    """An O for a 0 in the port: an httpx.InvalidURL traceback before."""
+    for url in ("http://127.0.0.1:808O", "http://[::1"):
+        result = Cli(url, "gpf_x", tmp_path / "config.yaml")("get", "pools")
+        assert result.exit_code == 1
+        assert _one_line(result.output).startswith(f"error: {url!r} is not a URL the CLI can use")
+        assert "http://127.0.0.1:8080" in result.output and "Traceback" not in result.output
