@@ -129,7 +129,9 @@ class EngineKind(enum.StrEnum):
 def agent(
     cluster: str = typer.Option(..., help="The cluster this agent runs.", callback=_name),
     nats_url: str = typer.Option(
-        "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
+        "nats://127.0.0.1:4223",
+        envvar="GPUFLEET_NATS_URL",
+        help="NATS server(s); the default is where `gpufleet up` runs it.",
     ),
     credentials_file: str | None = typer.Option(
         None,
@@ -293,7 +295,9 @@ def _run_fast(main_coro: Coroutine[Any, Any, None]) -> None:
 @app.command()
 def router(
     host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8080, min=1, max=65535),
+    port: int = typer.Option(
+        8100, min=1, max=65535, help="Where it serves (8100: the first of `up`'s routers)."
+    ),
     state_dir: str | None = typer.Option(
         None,
         help="The plane's agent state directory (its --state-dir): serve its replicas and "
@@ -324,7 +328,9 @@ def router(
         "(gpufleet.v1.cluster.NAME.load, every --load-interval seconds).",
     ),
     nats_url: str = typer.Option(
-        "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
+        "nats://127.0.0.1:4223",
+        envvar="GPUFLEET_NATS_URL",
+        help="NATS server(s); the default is where `gpufleet up` runs it.",
     ),
     credentials_file: str | None = typer.Option(
         None,
@@ -406,7 +412,9 @@ def gateway(
         None, envvar="GPUFLEET_GATEWAY_STATE_DIR", help="[.gpufleet/gateway-NAME]"
     ),
     nats_url: str = typer.Option(
-        "nats://127.0.0.1:4222", envvar="GPUFLEET_NATS_URL", help="NATS server(s)."
+        "nats://127.0.0.1:4223",
+        envvar="GPUFLEET_NATS_URL",
+        help="NATS server(s); the default is where `gpufleet up` runs it.",
     ),
     credentials_file: str | None = typer.Option(
         None,
