@@ -47,8 +47,15 @@ def read_file(path: Path) -> dict[str, str]:
         return {}
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise CliError(f"cannot read {path}: {exc}; fix it or run `gpufleet login` again") from exc
+    except yaml.YAMLError as exc:  # one line, and never the file's text: it holds the token
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise CliError(
+            f"cannot read {path}: {problem}{where}; fix it or run `gpufleet login` again"
+        ) from None
     if not isinstance(data, dict):
         raise CliError(f"{path} is not a mapping; delete it and run `gpufleet login` again")
     return {k: str(v) for k, v in data.items() if k in ("url", "token") and v}

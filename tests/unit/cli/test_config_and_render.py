@@ -119,3 +119,15 @@ def test_wide_deployments_show_the_failover_and_the_warm_standby() -> None:
     assert "FAILOVER" in lines[0]
     assert lines[1].rstrip().endswith("active_passive→usw2-a (1 warm)")
     assert lines[2].rstrip().endswith("active_active")
+
+
+def test_a_broken_config_file_is_one_line_that_never_shows_the_token(config: Path) -> None:
+    """YAML's own message quotes the lines around the problem: the saved token with them."""
+    from controlplane.cli.manifests import CliError
+
+    config.parent.mkdir()
+    config.write_text("url: http://cp:8080\ntoken: gpf_secretsecret\n  oops: [\n")
+    with pytest.raises(CliError) as err:
+        load_context()
+    assert "\n" not in str(err.value) and "gpf_secretsecret" not in str(err.value)
+    assert "at line 3" in str(err.value) and "gpufleet login" in str(err.value)
