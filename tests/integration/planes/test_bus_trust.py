@@ -310,14 +310,19 @@ async def test_demand_beyond_its_bound_counts_as_the_bound(admin, planes, sessio
     assert "demand 1000 above 8, counted as 8" in event.message
 
 
-async def test_the_spend_guard_bounds_what_reported_demand_may_add(admin, planes, session_factory):
+async def _big_one_wanting_six(admin, factory) -> None:
+    """big-llm (8 GPUs a replica, 1–6) placed with 1, its plane reporting demand for 6."""
     big = b.deployment(
         "big-llm", gpus_per_replica=8, autoscaling={"min_replicas": 1, "max_replicas": 6}
     )
-    runs_on, _ = await _placed(admin, session_factory, big)
+    runs_on, _ = await _placed(admin, factory, big)
     wants = ObservedState(cluster=runs_on, source=f"cluster/{runs_on}",
                           deployments=[DeploymentObserved(name="big-llm", demand=6)])  # fmt: skip
-    await DbSink(session_factory).record_observed(runs_on, wants, datetime.now(UTC))
+    await DbSink(factory).record_observed(runs_on, wants, datetime.now(UTC))
+
+
+async def test_the_spend_guard_bounds_what_reported_demand_may_add(admin, planes, session_factory):
+    await _big_one_wanting_six(admin, session_factory)
     limits = SpendLimits(gpus_per_deployment=16)
 
     def placed() -> int:
@@ -342,13 +347,7 @@ async def test_a_replan_asked_through_the_api_keeps_the_configured_spend_guard(
 ):
     """`POST /placement/replan` planned with the default bounds (and pruned the guard's
     record to the default window) whatever `GPUFLEET_SPEND_GUARD_*` said."""
-    big = b.deployment(
-        "big-llm", gpus_per_replica=8, autoscaling={"min_replicas": 1, "max_replicas": 6}
-    )
-    runs_on, _ = await _placed(admin, session_factory, big)
-    wants = ObservedState(cluster=runs_on, source=f"cluster/{runs_on}",
-                          deployments=[DeploymentObserved(name="big-llm", demand=6)])  # fmt: skip
-    await DbSink(session_factory).record_observed(runs_on, wants, datetime.now(UTC))
+    await _big_one_wanting_six(admin, session_factory)
     settings = admin.client.app.state.settings
     admin.client.app.state.settings = settings.model_copy(
         update={"spend_guard_gpus_per_deployment": 16}
