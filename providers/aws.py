@@ -275,8 +275,31 @@ class AwsProvider:
                 }
             }
         doing = f"launching {count}x {pool.instance_type} for pool {pool.name!r}"
-        reply = self._call(doing, "run_instances", **params)
+        try:
+            reply = self._call(doing, "run_instances", **params)
+        except InvalidRequest as exc:
+            # the key was used with other parameters: an earlier call with it (its answer
+            # lost, the pool's zone or type refreshed since) launched them — the contract's
+            # "returns the first call's instances", never a second launch nor a 30-min block
+            if "IdempotentParameterMismatch" not in str(exc):
+                raise
+            made = self._by_key(idempotency_key, doing)
+            if not made:
+                raise
+            return made
         return [self._instance(i) for i in reply["Instances"]]
+
+    def _by_key(self, idempotency_key: str, doing: str) -> list[Instance]:
+        reservations = self._pages(
+            f"{doing}: finding the instances of its key",
+            "describe_instances",
+            "Reservations",
+            Filters=[
+                {"Name": f"tag:{TAG_KEY}", "Values": [idempotency_key]},
+                {"Name": "instance-state-name", "Values": _LIVE_STATES},
+            ],
+        )
+        return [self._instance(i) for r in reservations for i in r["Instances"]]
 
     def delete_instance(self, instance_id: str) -> None:
         try:

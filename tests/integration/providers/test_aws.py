@@ -86,3 +86,20 @@ def test_a_throttled_launch_is_not_retried_by_botocore(
 
     assert ec2_shim.run_instances_calls == calls + 1
     aws_provider.delete_instance(instance.id)
+
+
+def test_a_key_retried_after_its_pool_changed_zone_returns_the_first_launch(
+    aws_provider: Any, ec2_shim: Ec2Shim, interruption_queue: str
+) -> None:
+    """The first call's answer was lost; before the retry the offers refresh moved the pool to
+    another zone. EC2 refuses the token with other parameters (IdempotentParameterMismatch):
+    that was an InvalidRequest (the pool blocked 30 min, the instance billing unseen)."""
+    from dataclasses import replace
+
+    harness = aws_harness(aws_provider, ec2_shim, interruption_queue)
+    pool, key = harness.make_pool(), new_key()
+    [first] = aws_provider.create_instances(pool, 1, key)
+    moved = replace(pool, zone="us-east-1b" if pool.zone != "us-east-1b" else "us-east-1a")
+    again = aws_provider.create_instances(moved, 1, key)
+    assert [i.id for i in again] == [first.id]
+    aws_provider.delete_instance(first.id)
