@@ -284,7 +284,7 @@ class AwsProvider:
             if "IdempotentParameterMismatch" not in str(exc):
                 raise
             made = self._by_key(idempotency_key, doing)
-            if not made:
+            if len(made) != count:  # another count: a caller's mistake, said as such
                 raise
             return made
         return [self._instance(i) for i in reply["Instances"]]

@@ -236,7 +236,19 @@ class GcpProvider:
         check_count(count)
         if not pool.zone:
             raise InvalidRequest(f"pool {pool.name!r} has no zone; GCE instances need one")
-        return [self._create_one(pool, idempotency_key, i) for i in range(count)]
+        # the key's instances wherever they are: a retry after the offers refresh moved the
+        # pool to another zone made a second instance of the same name there, which no sweep
+        # ever adopted or deleted (names are unique per zone only)
+        made = {
+            i.id.rsplit("/", 1)[-1]: i
+            for i in self.list_instances()
+            if i.idempotency_key == idempotency_key
+        }
+        return [
+            made.get(instance_name(idempotency_key, i))
+            or self._create_one(pool, idempotency_key, i)
+            for i in range(count)
+        ]
 
     def _create_one(self, pool: PoolRef, key: str, index: int) -> Instance:
         zone = pool.zone or ""

@@ -65,7 +65,7 @@ def test_a_repeat_with_the_same_key_meets_the_named_instances(
     again = gcp_provider.create_instances(spot, 2, key)
 
     assert [i.id for i in again] == [i.id for i in first]
-    assert fake_gce.inserts == inserts + 2  # both refused with 409: the names exist
+    assert fake_gce.inserts == inserts  # found by their key: nothing inserted again
     mine = [i for i in gcp_provider.list_instances() if i.idempotency_key == key]
     assert len(mine) == 2
     for instance in first:
@@ -85,3 +85,18 @@ def test_a_stockout_midway_is_completed_by_a_retry(gcp_provider: Any, fake_gce: 
     assert len([i for i in gcp_provider.list_instances() if i.idempotency_key == key]) == 3
     for instance in done:
         gcp_provider.delete_instance(instance.id)
+
+
+def test_a_key_retried_after_its_pool_changed_zone_meets_its_first_instance(
+    gcp_provider: Any, fake_gce: FakeGce
+) -> None:
+    """Names are unique per zone only: a retry after the offers refresh moved the pool made a
+    second gf-<key>-0 in the other zone, which nothing adopted or deleted."""
+    from dataclasses import replace
+
+    spot, key = pool(PurchaseType.SPOT), new_key()
+    [first] = gcp_provider.create_instances(spot, 1, key)
+    again = gcp_provider.create_instances(replace(spot, zone="us-central1-b"), 1, key)
+    assert [i.id for i in again] == [first.id]
+    assert len([i for i in gcp_provider.list_instances() if i.idempotency_key == key]) == 1
+    gcp_provider.delete_instance(first.id)
