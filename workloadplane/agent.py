@@ -188,10 +188,10 @@ class Agent:
         self._known: dict[str, ReplicaState] | None = None
         self._lock = asyncio.Lock()
         self._act_lock = asyncio.Lock()
-        self._failing: dict[tuple[str, str], str] = {}
-        """Actions failing pass after pass: (kind, deployment or replica) → how, logged once."""
         """Held from listing replicas to acting on them (reconcile, autoscale): neither acts
         on a list the other has just made stale."""
+        self._failing: dict[tuple[str, str], str] = {}
+        """Actions failing pass after pass: (kind, deployment or replica) → how, logged once."""
         self._wake = (changes or ReplicaChanges(router)).wake
         self._sync_task: asyncio.Task[None] | None = None
         self._unsynced = False
