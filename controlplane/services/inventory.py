@@ -424,6 +424,9 @@ def _encode_cursor(name: str) -> str:
 
 def _decode_cursor(cursor: str) -> str:
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        name = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest("cursor is not valid; pass next_cursor from the previous page") from exc
+    if len(name) > 128 or not name.isprintable():  # a NUL reached PostgreSQL: a 500
+        raise BadRequest("cursor is not valid; pass next_cursor from the previous page")
+    return name

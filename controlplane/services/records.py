@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, or_, select
@@ -199,9 +200,14 @@ def _encode(at: str, row_id: str) -> str:
     return base64.urlsafe_b64encode(f"{at}|{row_id}".encode()).decode()
 
 
-def _decode(cursor: str) -> tuple[str, str]:
+def _decode(cursor: str) -> tuple[datetime, str]:
+    """The (time, id) a page ended at: a time, not a string (compared as one it was a
+    `timestamptz < varchar` that PostgreSQL refuses: every next page was a 500)."""
     try:
-        at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        text, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        at = datetime.fromisoformat(text)
     except ValueError as exc:
         raise BadRequest("cursor is not valid; pass next_cursor from the previous page") from exc
+    if len(row_id) > 64 or not row_id.isprintable():
+        raise BadRequest("cursor is not valid; pass next_cursor from the previous page")
     return at, row_id
