@@ -31,7 +31,8 @@ class Page(Out, Generic[T]):
 class HealthOut(Out):
     status: str
     reason: str | None = None
-    """Why it is not ready (e.g. the database driver's one-line error)."""
+    """Why it is not ready: the database driver's error kind (e.g. OperationalError); the
+    message, which names the database's host, port and user, is only in the log."""
 
 
 class FieldErrorOut(Out):

@@ -72,7 +72,10 @@ def end_session(response: Response) -> None:
 async def read_form(request: Request) -> dict[str, str]:
     """A urlencoded form (the body limit bounds it), first value per field."""
     body = (await request.body()).decode("utf-8", errors="replace")
-    fields = parse_qsl(body, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    try:
+        fields = parse_qsl(body, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:  # too many fields: a 500 with a traceback, no login needed
+        raise BadRequest(f"a form has at most {MAX_FORM_FIELDS} fields") from None
     form: dict[str, str] = {}
     for key, value in fields:
         form.setdefault(key, value)

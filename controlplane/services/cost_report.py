@@ -43,11 +43,11 @@ class Query:
 def _time(value: str, name: str) -> datetime:
     try:
         at = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except (ValueError, OverflowError):
+        at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):  # 0001-01-01T00:00+01:00 overflowed to UTC: a 500
         raise InvalidSpec.on(
             name, f"'{value[:40]}' is not a time; use ISO 8601, e.g. 2026-01-31T12:00:00Z"
         ) from None
-    at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
     if not EARLIEST <= at <= LATEST:
         raise InvalidSpec.on(name, f"must be between {EARLIEST.year} and {LATEST.year - 1}")
     return at

@@ -349,3 +349,11 @@ def test_a_forged_cursor_is_a_400_not_a_500(admin, path):
         answer = admin.get(path, cursor=cursor)
         assert answer.status_code == 400, (cursor, answer.text)
         assert "pass next_cursor from the previous page" in answer.json()["detail"]
+
+
+def test_a_time_that_overflows_is_a_422_naming_the_parameter(admin):
+    answer = admin.get(
+        "costs", **{"from": "0001-01-01T00:00:00+01:00", "to": "2026-01-02T00:00:00Z"}
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["field"].endswith("from")

@@ -3,6 +3,8 @@ the role (in-process app on the real PostgreSQL, no browser)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -118,3 +120,31 @@ def test_a_gateway_or_router_that_does_not_answer_is_shown_down_never_a_500(
         assert "use1 (down)" in world.text
         listed = client.get("/deployments")
         assert listed.status_code == 200
+
+
+def test_a_form_with_too_many_fields_is_a_400_also_before_login(app_client, tokens):
+    """60 fields to /login: a 500 with a traceback in the log, no token needed."""
+    answer = app_client.post(
+        "/login",
+        content="a&" * 60,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 400, answer.text
+    assert "at most" in answer.text and "fields" in answer.text
+
+
+def test_records_pages_follow_their_cursor(app_client, tokens, session_factory):
+    """The "Older →" link of the events page: the API's cursor, a 500 until it was fixed."""
+    from controlplane.db import models as m
+
+    with session_factory() as s, s.begin():
+        for i in range(60):
+            s.add(m.Event(type="ClusterDown", object_kind="Cluster", object_name=f"c{i}",
+                          message="x"))  # fmt: skip
+    client = signed_in(app_client, tokens["admin"])
+    first = client.get("/events")
+    assert first.status_code == 200
+    older = re.search(r'href="(/events\?[^"]*cursor=[^"]+)"', first.text)
+    assert older, "no link to older events"
+    assert client.get(older[1].replace("&amp;", "&")).status_code == 200
