@@ -241,6 +241,20 @@ class ClusterSpec(Spec):
     def _sorted_unique(cls, v: list[str]) -> list[str]:
         return sorted(set(v))
 
+    @field_validator("endpoint")
+    @classmethod
+    def _plain_endpoint(cls, v: AnyHttpUrl | None) -> AnyHttpUrl | None:
+        """The router's base URL: scheme, host, port and path only. The dashboard appends
+        `/v1/…` and `/metrics` to it for viewers, so a query (`…?x=`, which turned the
+        appended path into a parameter), a fragment or user:password let an operator point
+        viewers' requests at any internal URL."""
+        if v is not None and ("?" in str(v) or "#" in str(v) or v.username or v.password):
+            raise ValueError(
+                "give the router's base URL only (scheme, host, port, path): no query, "
+                "fragment or user:password"
+            )
+        return v
+
 
 class ScheduleEntry(Spec):
     days: list[Annotated[int, Field(ge=0, le=6)]] = Field(

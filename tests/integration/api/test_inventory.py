@@ -357,3 +357,18 @@ def test_a_time_that_overflows_is_a_422_naming_the_parameter(admin):
     )
     assert answer.status_code == 422, answer.text
     assert answer.json()["errors"][0]["field"].endswith("from")
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://10.0.0.5:8500/v1/internal?x=", "http://10.0.0.5:8500/x?", "http://u:p@10.0.0.5:8100",
+     "http://10.0.0.5:8100/#x"],
+)  # fmt: skip
+def test_a_cluster_endpoint_is_a_base_url_only(admin, endpoint):
+    """The dashboard's playground (any viewer) appends `/v1/chat/completions` to it: with a
+    query, that path became a parameter and the POST went to whatever URL an operator named."""
+    b.seed(admin)
+    answer = admin.patch("clusters/use1-a", {"endpoint": endpoint})
+    assert answer.status_code == 422, answer.text
+    assert "base URL only" in answer.json()["errors"][0]["message"]
+    assert admin.patch("clusters/use1-a", {"endpoint": "http://10.0.0.5:8100"}).status_code == 200
