@@ -6,7 +6,9 @@ router that does not answer is left out (the page says "not available")."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "gpufleet_router_"
 TIMEOUT_S = 0.3
+MAX_BYTES = 4 * 1024 * 1024
+"""The most of one /metrics answer read (a router's is a few kB per deployment)."""
 
 
 @dataclass(frozen=True)
@@ -118,18 +122,37 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _fetch(url: str, timeout_s: float) -> str | None:
+    """The exposition text at ``url``, or None: no answer, not a 200, more than
+    ``MAX_BYTES``, longer than twice the timeout in all (the timeout bounds each read: a
+    trickle of a byte a read never ended), or not Prometheus text (an HTML page on that
+    port made every page that shows it a 500)."""
+    deadline = time.monotonic() + 2 * timeout_s
+    body = bytearray()
     try:
-        answer = _client(timeout_s).get(url)
+        with _client(timeout_s).stream("GET", url) as answer:
+            if answer.status_code != 200:
+                return None
+            for chunk in answer.iter_bytes():
+                body += chunk
+                if len(body) > MAX_BYTES or time.monotonic() > deadline:
+                    return None
     except httpx.HTTPError:
         return None
-    return answer.text if answer.status_code == 200 else None
+    text = body.decode("utf-8", errors="replace")
+    try:
+        for _ in text_string_to_metric_families(text):
+            pass
+    except Exception:  # whatever the parser makes of a stranger's text
+        return None
+    return text
 
 
 def fetch_all(urls: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> dict[str, str | None]:
     """Name → the text at each URL, fetched concurrently; None where it did not answer in
-    time (so a page waits one timeout at most, however many are down)."""
+    time (so a page waits about one timeout at most, however many are down)."""
     futures = {name: _pool().submit(_fetch, url, timeout_s) for name, url in urls.items()}
-    return {name: f.result() for name, f in futures.items()}
+    done, _ = concurrent.futures.wait(futures.values(), timeout=3 * timeout_s)
+    return {name: f.result() if f in done else None for name, f in futures.items()}
 
 
 def scrape(urls: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> list[str]:

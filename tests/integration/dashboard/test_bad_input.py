@@ -148,3 +148,48 @@ def test_records_pages_follow_their_cursor(app_client, tokens, session_factory):
     older = re.search(r'href="(/events\?[^"]*cursor=[^"]+)"', first.text)
     assert older, "no link to older events"
     assert client.get(older[1].replace("&amp;", "&")).status_code == 200
+
+
+def test_a_router_or_gateway_answering_something_else_is_shown_down_never_a_500(
+    database_url, session_factory, tokens
+):
+    """A web page on the port a router's /metrics was expected on (a wrong port, a proxy's
+    error page): the parser raised, and /map and /deployments were 500s for every user."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from controlplane.api.app import create_app
+    from controlplane.settings import Settings
+    from tests.integration.api.builders import seed
+    from tests.integration.conftest import Api
+
+    class Html(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = b"<html><body>It works! {not metrics</body></html>\n"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    other = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        settings = Settings(
+            database_url=database_url,
+            gateway_urls={"use1": {"url": other, "region": "aws-us-east-1"}},  # type: ignore[arg-type]
+            router_urls={"use1-a": other},
+        )
+        app = create_app(settings, session_factory=session_factory)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            seed(Api(client, tokens["admin"]))
+            signed_in(client, tokens["viewer"])
+            assert client.get("/map").status_code == 200
+            assert client.get("/deployments").status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
