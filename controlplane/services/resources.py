@@ -479,15 +479,32 @@ def _load_token(row: m.ApiToken) -> dict[str, Any]:
 def _apply_token(session: Session, row: m.ApiToken, spec: TokenSpec) -> None:
     if row.role == Role.admin and spec.role != Role.admin:
         keep_one_admin(session, row, "demote")
+    elif (
+        row.role == Role.admin
+        and spec.expires_at is not None
+        and spec.expires_at != row.expires_at
+        and spec.expires_at <= datetime.now(UTC)
+    ):
+        keep_one_admin(session, row, "expire")
     row.name, row.role = spec.name, spec.role.value
     row.description, row.expires_at = spec.description, spec.expires_at
 
 
 def keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
+    """Another admin token that works (enabled, not expired) stays, or ``InUse``. The admin
+    rows are locked first: two admins disabling each other's tokens at once could both
+    pass a check that counted the other."""
+    session.scalars(select(m.ApiToken.id).where(m.ApiToken.role == Role.admin).with_for_update())
+    now = datetime.now(UTC)
     others = session.scalar(
         select(func.count())
         .select_from(m.ApiToken)
-        .where(m.ApiToken.role == Role.admin, m.ApiToken.id != row.id, ~m.ApiToken.disabled)
+        .where(
+            m.ApiToken.role == Role.admin,
+            m.ApiToken.id != row.id,
+            ~m.ApiToken.disabled,
+            (m.ApiToken.expires_at.is_(None)) | (m.ApiToken.expires_at > now),
+        )
     )
     if not others:
         raise InUse(f"cannot {verb} the last admin token; create another admin token first")

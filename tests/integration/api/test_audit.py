@@ -86,3 +86,24 @@ def test_a_new_cluster_gets_nats_credentials_once_and_only_a_hash_is_kept(admin,
         row = s.query(m.Cluster).filter_by(name="use1-b").one()
         assert row.nats_password_hash.startswith("$2")
         assert creds["password"] not in row.nats_password_hash
+
+
+def test_the_last_admin_token_cannot_be_expired_and_an_expired_one_does_not_count(
+    admin, session_factory
+):
+    """`expires_at` in the past on the last admin token locked every admin out; and an
+    expired admin token counted as "another admin", so the last working one could go."""
+    from datetime import UTC, datetime, timedelta
+
+    from controlplane.db import models as m
+
+    refused = admin.patch("tokens/admin-token", {"expires_at": "2000-01-01T00:00:00Z"})
+    assert refused.status_code == 409, refused.text
+    assert "cannot expire the last admin token" in refused.json()["detail"]
+    created = admin.post("tokens", {"name": "old-admin", "role": "admin"})
+    assert created.status_code == 201
+    with session_factory() as s, s.begin():  # it expired yesterday
+        old = s.query(m.ApiToken).filter_by(name="old-admin").one()
+        old.expires_at = datetime.now(UTC) - timedelta(days=1)
+    refused = admin.delete("tokens/admin-token")
+    assert refused.status_code == 409 and "last admin token" in refused.json()["detail"]
