@@ -238,7 +238,7 @@ def actions_router() -> APIRouter:
             "max_tokens": max_tokens,
             "stream": True,
         }
-        return await _relay(f"{base}/v1/chat/completions", body)
+        return await _relay(f"{base}/v1/chat/completions", body, cluster)
 
     return router
 
@@ -281,19 +281,28 @@ async def _feed(
             yield "event: message\ndata: " + " ".join(row.split()) + "\n\n"
 
 
-async def _relay(url: str, body: dict[str, Any]) -> Response:
-    """Stream the router's answer through unchanged (nothing of it is stored or logged)."""
+RELAY_MAX_S = 300.0
+"""How long the playground relays one answer in all (each read has its own 60 s)."""
+
+
+async def _relay(url: str, body: dict[str, Any], target: str) -> Response:
+    """Stream the router's answer through unchanged (nothing of it is stored or logged), for
+    at most ``RELAY_MAX_S``. An error names ``target`` (the cluster or gateway picked), never
+    the URL: a gateway's may carry credentials, and any viewer sees the error."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
     try:
         upstream = await client.send(client.build_request("POST", url, json=body), stream=True)
     except httpx.HTTPError as error:
         await client.aclose()
-        raise BadRequest(f"{url} did not answer ({type(error).__name__})") from None
+        raise BadRequest(f"'{target}' did not answer ({type(error).__name__})") from None
 
     async def chunks() -> AsyncIterator[bytes]:
+        deadline = time.monotonic() + RELAY_MAX_S
         try:
             async for chunk in upstream.aiter_raw():
                 yield chunk
+                if time.monotonic() > deadline:  # a trickle must not hold the stream for ever
+                    break
         finally:
             await upstream.aclose()
             await client.aclose()

@@ -120,6 +120,12 @@ def test_a_gateway_or_router_that_does_not_answer_is_shown_down_never_a_500(
         assert "use1 (down)" in world.text
         listed = client.get("/deployments")
         assert listed.status_code == 200
+        # the playground names what was picked, never its URL (a gateway's may hold a secret)
+        headers = {"X-CSRF-Token": csrf_for(tokens["viewer"])}
+        asked = {"cluster": "gateway:use1", "model": "m", "prompt": "hi"}
+        down = client.post("/playground/stream", json=asked, headers=headers)
+        assert down.status_code == 400 and "'gateway:use1' did not answer" in down.text
+        assert closed not in down.text
 
 
 def test_a_form_with_too_many_fields_is_a_400_also_before_login(app_client, tokens):
