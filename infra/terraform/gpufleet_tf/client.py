@@ -30,6 +30,13 @@ class ApiProblem(Exception):
     def __str__(self) -> str:
         return self.detail or self.title
 
+    @property
+    def gone(self) -> bool:
+        """The object does not exist: the API's own 404 says so. Any other 404 (a URL with
+        /api/v1 twice, a proxy's page) is an error: read as "deleted", it dropped every
+        object from the state, the secrets shown once with them."""
+        return self.status == 404 and "does not exist" in self.detail
+
 
 def problem_of(status: int, reason: str, raw: bytes) -> ApiProblem:
     try:

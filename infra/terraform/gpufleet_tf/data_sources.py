@@ -64,7 +64,7 @@ class PlacementData(_Base):
             report(ctx.diagnostics, "reading the placement", problem, set())
             return None
         mine = current.get("deployments", {}).get(name)
-        if mine is None:
+        if not mine:  # `{}` for a deployment no re-plan has placed yet
             ctx.diagnostics.add_error(
                 f"deployment '{name}' has no placement",
                 "No such deployment, or it was created after the last re-plan; check the name "
@@ -124,7 +124,13 @@ class OffersData(_Base):
             description="Each pool's offer with its price, as procurement last read it from the "
             "provider (pool status `offer`); pools never priced by their provider are left out.",
             attributes=[
-                schema.Attribute("provider", types.String(), optional=True),
+                schema.Attribute(
+                    "provider_name",
+                    types.String(),
+                    optional=True,
+                    description="a provider's name (`provider` is Terraform's own meta-argument "
+                    "in a data block: it could not be set)",
+                ),
                 schema.Attribute("gpu_type", types.String(), optional=True),
                 schema.Attribute("purchase_type", types.String(), optional=True),
                 schema.Attribute(
@@ -138,7 +144,12 @@ class OffersData(_Base):
         )
 
     def read(self, ctx: ReadDataContext, config: dict) -> dict | None:
-        filters = {k: config[k] for k in ("provider", "gpu_type", "purchase_type") if config.get(k)}
+        asked = {
+            "provider": "provider_name",
+            "gpu_type": "gpu_type",
+            "purchase_type": "purchase_type",
+        }
+        filters = {k: config[a] for k, a in asked.items() if config.get(a)}
         try:
             pools = self.client.list("pools")
         except ApiProblem as problem:
@@ -154,7 +165,7 @@ class OffersData(_Base):
             record |= {k: offer.get(k) for k in OFFER_KEYS}
             offers.append(_strings(record))
         return {
-            **{k: config.get(k) for k in ("provider", "gpu_type", "purchase_type")},
+            **{k: config.get(k) for k in ("provider_name", "gpu_type", "purchase_type")},
             "offers": offers,
         }
 

@@ -11,7 +11,7 @@ from tf.types import Unknown
 from tf.utils import Diagnostics
 
 from gpufleet_tf import PROVIDER_ADDRESS
-from gpufleet_tf.client import Client
+from gpufleet_tf.client import ApiProblem, Client
 from gpufleet_tf.connection import ConnectionError_, resolve
 from gpufleet_tf.data_sources import DATA_SOURCES
 from gpufleet_tf.resources import resource_classes
@@ -72,7 +72,14 @@ class GpufleetProvider(Provider):
         except ConnectionError_ as exc:
             diags.add_error("cannot read the gpufleet login file", str(exc))
             return
-        self._client = Client(connection)
+        try:
+            self._client = Client(connection)
+        except ApiProblem as problem:  # a URL from GPUFLEET_URL or the login file: a traceback
+            diags.add_error(
+                "the gpufleet URL cannot be used",
+                f"{problem.detail} (it came from the provider block, GPUFLEET_URL or the "
+                "gpufleet login file, in that order)",
+            )
 
     def get_resources(self) -> list[type[Resource]]:
         return list(resource_classes())

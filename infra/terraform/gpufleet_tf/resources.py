@@ -166,7 +166,7 @@ class KindResource(Resource):
         try:
             answer, generation = self.client.request("GET", f"/{self.KIND.path}/{ref}")
         except ApiProblem as problem:
-            if problem.status == 404:
+            if problem.gone:
                 return None  # deleted out of band: Terraform plans to create it again
             report(ctx.diagnostics, f"reading {self._what(current.get('name'))}", problem, set())
             return current
@@ -193,7 +193,7 @@ class KindResource(Resource):
                 if_match=_int(current.get("generation")),
             )
         except ApiProblem as problem:
-            if problem.status == 404:
+            if problem.gone:
                 return None
             what = f"deleting {self._what(current.get('name'))}"
             if problem.status == 409 and "generation" not in problem.detail:

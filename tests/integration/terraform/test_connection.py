@@ -54,3 +54,15 @@ def test_an_unreadable_login_file_says_how_to_fix_it(tmp_path: Path) -> None:
     lookup = _provider_lookup()
     with pytest.raises(lookup.ConnectionError_, match="run `gpufleet login` again"):
         lookup.resolve(None, None, {"GPUFLEET_CONFIG": str(login)})
+
+
+def test_only_the_apis_own_not_found_reads_as_deleted() -> None:
+    """A 404 from a wrong URL (`/api/v1` given twice, a proxy's page) read as "deleted": the
+    plan dropped every object from the state, with the secrets shown once."""
+    client = provider_module("client")
+    missing = b'{"title": "Not found", "detail": "Pool \'x\' does not exist; list them ..."}'
+    assert client.problem_of(404, "Not Found", missing).gone
+    no_route = b'{"title": "Not found", "detail": "no route /api/v1/api/v1/pools/x; ..."}'
+    assert not client.problem_of(404, "Not Found", no_route).gone
+    assert not client.problem_of(404, "Not Found", b"<html>404</html>").gone
+    assert not client.problem_of(409, "Conflict", missing).gone

@@ -35,6 +35,7 @@ data "gpufleet_placement" "triage" {
 }
 
 data "gpufleet_offers" "spot" {
+  provider_name = "aws-main"
   purchase_type = "spot"
 }
 
