@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 SCALARS = ("string", "int", "number", "bool", "decimal", "datetime")
 
@@ -58,8 +59,8 @@ def canonical(f: Field, value: Any) -> Any:
         return [_scalar(f.element, v) for v in value]
     if f.type == "map_number":
         return {k: float(v) for k, v in value.items()}
-    if f.type == "map_string":
-        return dict(value)
+    if f.type == "map_string":  # the API strips every string it is given
+        return {k: v.strip() if isinstance(v, str) else v for k, v in dict(value).items()}
     return _scalar(f.type, value)
 
 
@@ -69,7 +70,9 @@ def _canonical_element(f: Field, element: dict[str, Any]) -> dict[str, Any]:
         v = element.get(c.name)
         if c.type == "block" and not c.many and isinstance(v, list):
             v = v[0] if v else None
-        out[c.name] = canonical(c, v if v is not None and v != [] else c.default)
+        # only unset takes the default: `[]` is a value (a shadow's engine_args `[]` means
+        # none, unset means the deployment's; schedule days `[]` means none, unset weekdays)
+        out[c.name] = canonical(c, v if v is not None else c.default)
     return out
 
 
@@ -81,6 +84,10 @@ def _scalar(kind: str, value: Any) -> Any:
             return str(Decimal(str(value)).normalize())
         except InvalidOperation:
             return str(value)
+    if kind == "url":
+        return _url(str(value))
+    if kind == "string" and isinstance(value, str):
+        return value.strip()  # the API strips every string: "x " comes back "x"
     if kind == "datetime":
         try:
             moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -88,6 +95,24 @@ def _scalar(kind: str, value: Any) -> Any:
             return str(value)
         return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
     return value
+
+
+def _url(value: str) -> str:
+    """A URL as the API writes it back (pydantic's normal form): lower-case scheme and host, no
+    default port, `/` for an empty path. Compared as written, `http://h:8000` came back
+    `http://h:8000/` and every apply ended in "inconsistent result" (a cluster tainted:
+    replaced, its agent's NATS credentials with it)."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return value
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(scheme)
+    netloc = host if port is None or port == default else f"{host}:{port}"
+    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, parts.fragment))
 
 
 def same(f: Field, a: Any, b: Any) -> bool:

@@ -206,7 +206,7 @@ KINDS: tuple[Kind, ...] = (
         (
             NAME,
             Field("region", "string", required=True),
-            Field("endpoint", "string"),
+            Field("endpoint", "url"),
             Field("pools", "set", default=[]),
             Field("cordoned", "bool", default=False),
         ),

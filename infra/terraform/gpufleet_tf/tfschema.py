@@ -14,6 +14,7 @@ from gpufleet_tf.fields import Field
 def _tf_type(f: Field) -> types.TfType:
     scalar: dict[str, types.TfType] = {
         "string": types.String(),
+        "url": types.String(),
         "int": types.Number(),
         "number": types.Number(),
         "bool": types.Bool(),

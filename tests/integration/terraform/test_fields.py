@@ -161,3 +161,30 @@ def test_a_shadow_block_is_the_deployments_shadow_and_none_is_no_shadow() -> Non
     assert fields.read_value(field, None, None) == []  # the API shows none: no block
     read = fields.read_value(field, body["shadow"], None)
     assert read[0]["share"] == 0.1 and read[0]["engine_args"] is None
+
+
+def test_a_url_the_api_normalises_is_the_one_written() -> None:
+    """The API writes `http://10.0.0.5:8000` back as `http://10.0.0.5:8000/`: compared as
+    written, every apply of a cluster with an endpoint ended in "inconsistent result"."""
+    endpoint = fields.Field("endpoint", "url")
+    for written, stored in (
+        ("http://10.0.0.5:8000", "http://10.0.0.5:8000/"),
+        ("HTTP://Router.Example:80", "http://router.example/"),
+        ("https://r.example:443/base", "https://r.example/base"),
+    ):
+        assert fields.same(endpoint, written, stored)
+        assert fields.read_value(endpoint, stored, written) == written  # the state keeps it
+    assert not fields.same(endpoint, "http://10.0.0.5:8000", "http://10.0.0.5:8001/")
+    cluster = next(k for k in kinds.KINDS if k.kind == "Cluster")
+    assert next(f for f in cluster.fields if f.name == "endpoint").type == "url"
+
+
+def test_surrounding_blanks_the_api_strips_and_an_empty_list_are_read_right() -> None:
+    labels = fields.Field("labels", "map_string")
+    assert fields.same(labels, {"team": "x "}, {"team": "x"})  # "inconsistent result" before
+    assert fields.same(fields.Field("description", "string"), " hi ", "hi")
+    deployment = next(k for k in kinds.KINDS if k.kind == "Deployment")
+    shadow = next(f for f in deployment.fields if f.name == "shadow")
+    unset = {c.name: None for c in shadow.children} | {"share": 0.1}
+    empty = {**unset, "engine_args": []}
+    assert not fields.same(shadow, unset, empty)  # [] is "no arguments", unset "the deployment's"
