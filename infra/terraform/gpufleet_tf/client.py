@@ -89,11 +89,21 @@ class Client:
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(self.url + API + path, data, headers, method=method)  # noqa: S310
         try:
-            # http(s) only: Client refuses other schemes when it is made
-            with urllib.request.urlopen(req, timeout=self._timeout_s) as answer:  # noqa: S310
+            # http(s) only: Client refuses other schemes when it is made; no redirect is
+            # followed (urllib turned a POST into a GET of the list, and sent the token on)
+            opener = urllib.request.build_opener(_no_redirect_handler())
+            with opener.open(req, timeout=self._timeout_s) as answer:
                 raw = answer.read(MAX_ANSWER_BYTES)
                 etag = answer.headers.get("ETag", "").strip('"')
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                where = exc.headers.get("Location", "?")
+                raise ApiProblem(
+                    exc.code,
+                    "redirected",
+                    f"{self.url} answers with a redirect to {where}; give the provider that URL "
+                    "(`url`, GPUFLEET_URL or `gpufleet login`) instead",
+                ) from None
             problem = problem_of(exc.code, exc.reason, exc.read(MAX_ANSWER_BYTES))
             if exc.code == 401:
                 problem.detail += (
@@ -124,3 +134,13 @@ class Client:
             cursor = page.get("next_cursor")
             if not cursor:
                 return items
+
+
+def _no_redirect_handler() -> type:
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # the 3xx is raised as an HTTPError, and said what to do
+
+    return NoRedirect

@@ -66,3 +66,40 @@ def test_only_the_apis_own_not_found_reads_as_deleted() -> None:
     assert not client.problem_of(404, "Not Found", no_route).gone
     assert not client.problem_of(404, "Not Found", b"<html>404</html>").gone
     assert not client.problem_of(409, "Conflict", missing).gone
+
+
+def test_a_redirect_is_an_error_naming_where_not_followed() -> None:
+    """urllib followed it: a POST became a GET of the list (a KeyError traceback after), and
+    the token went to wherever the redirect pointed."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Moved(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.command)
+            self.send_response(301)
+            self.send_header("Location", "https://elsewhere.example/api/v1/pools")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST  # noqa: N815 - the handler name http.server looks up
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client_module = provider_module("client")
+        connection = provider_module("connection").Connection(
+            f"http://127.0.0.1:{server.server_address[1]}", "gpf_x"
+        )
+        client = client_module.Client(connection)
+        with pytest.raises(client_module.ApiProblem, match="redirect to https://elsewhere"):
+            client.request("POST", "/pools", {"name": "p"})
+        assert seen == ["POST"]  # not followed
+    finally:
+        server.shutdown()
+        server.server_close()
