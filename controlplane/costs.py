@@ -92,13 +92,15 @@ def held_gpus(
     at: datetime,
 ) -> int:
     """GPUs paid for at `at`: a reservation's commitment within its term (none outside it),
-    otherwise the pool's usable GPUs or the instances held there, whichever is more."""
+    otherwise the pool's declared GPUs plus the instances procurement holds there — which it
+    buys only beyond the declared ones, as placement counts them (the larger of the two
+    left the smaller out of the ledger)."""
     if purchase_type == "reserved":
         start, end = term
         if (start is not None and at < start) or (end is not None and at >= end):
             return 0
         return committed_gpus or gpus
-    return max(gpus, held_instances_gpus)
+    return gpus + held_instances_gpus
 
 
 def accrue(holdings: Iterable[PoolHolding], start: datetime, end: datetime) -> list[Accrual]:

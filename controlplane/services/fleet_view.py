@@ -54,12 +54,12 @@ class PoolView:
 
 
 def held_gpus(pool: m.Pool) -> int:
-    """What we pay for: a reservation's commitment (or its size); otherwise the GPUs usable
-    now (`gpus`) or the instances procurement holds there, whichever is more."""
+    """What we pay for: a reservation's commitment (or its size); otherwise the declared GPUs
+    (`gpus`) plus the instances procurement holds there (bought beyond them)."""
     status = dict(pool.status or {})
     if pool.purchase_type == "reserved":
         return pool.committed_gpus or pool.gpus
-    return max(int(status.get("held_gpus") or 0), pool.gpus)
+    return int(status.get("held_gpus") or 0) + pool.gpus
 
 
 def allocated_by_pool(session: Session, pool_ids: Iterable[str] | None = None) -> dict[str, int]:
