@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -183,6 +183,17 @@ class Settings(BaseSettings):
         description="A batch the receiver refuses (4xx other than 408/429) this many times is "
         "dead-lettered: skipped, counted, its row ids logged",
     )
+
+    @model_validator(mode="after")
+    def _gap_covers_the_period(self) -> Settings:
+        """A gap shorter than two accrual periods drops part of every tick (30 s of each
+        60): the ledger would charge half of what the fleet costs."""
+        if self.cost_accrual_max_gap_s < 2 * self.cost_accrue_every_s:
+            raise ValueError(
+                f"GPUFLEET_COST_ACCRUAL_MAX_GAP_S ({self.cost_accrual_max_gap_s:g}) must be at "
+                f"least twice GPUFLEET_COST_ACCRUE_EVERY_S ({self.cost_accrue_every_s:g})"
+            )
+        return self
 
 
 @lru_cache

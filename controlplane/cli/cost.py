@@ -51,7 +51,10 @@ def cost(
             params["from"] = start
         else:
             stop = _parse(end) if end else datetime.now(UTC)
-            params["from"] = (stop - timedelta(days=7 if week else 1)).isoformat()
+            try:
+                params["from"] = (stop - timedelta(days=7 if week else 1)).isoformat()
+            except OverflowError:  # --to 0001-01-01: a traceback before
+                raise CliError(f"--to '{end}' is too early a time", exit_code=2) from None
         with Client(load_context()) as client:
             report = client.get("/costs", "costs", params=params)
         if html_file is not None:

@@ -15,16 +15,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from controlplane import costs
+from controlplane import placement as engine
 from controlplane import rollouts as canary
 from controlplane.contracts import DeploymentObserved
 from controlplane.db import models as m
+from controlplane.services.lanes import running_canaries
 from controlplane.services.placement import held_gpus as instance_gpus
+from controlplane.services.reservations import reservations
+from controlplane.services.shadows import shadow_of
 
 log = logging.getLogger("gpufleet.costs")
 EXPIRING = "ReservationExpiring"
@@ -53,18 +58,31 @@ def holdings(session: Session, now: datetime) -> list[costs.PoolHolding]:
     cluster)."""
     placed: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
     rows = session.execute(
-        select(
-            m.Placement.pool_id,
-            m.Deployment.name,
-            m.Cluster.name,
-            m.Placement.replicas * m.Deployment.gpus_per_replica,
-        )
+        select(m.Placement.replicas, m.Deployment.name, m.Cluster.name, m.Pool.name)
         .join(m.Deployment, m.Deployment.id == m.Placement.deployment_id)
         .join(m.Cluster, m.Cluster.id == m.Placement.cluster_id)
+        .join(m.Pool, m.Pool.id == m.Placement.pool_id)
     ).all()
-    for pool_id, deployment, cluster, gpus in rows:
-        used = placed[pool_id]
-        used[deployment, cluster] = used.get((deployment, cluster), 0) + int(gpus or 0)
+    deployments = {d.name: d for d in session.scalars(select(m.Deployment))}
+    per_replica = {name: d.gpus_per_replica for name, d in deployments.items()}
+    stored = [engine.Assignment(d, c, p, int(n)) for n, d, c, p in rows if n]
+    # what rollouts and shadows run beyond the placed replicas is the deployment's too: it
+    # went to the pool's idle row (or, under the larger-of rule, was not charged at all)
+    extra = reservations(
+        stored,
+        per_replica,
+        running_canaries(session, deployments.values()),
+        {n: s for n, d in deployments.items() if (s := shadow_of(d)) is not None},
+    )
+    for pool, deployment, cluster, gpus in [
+        *(
+            (a.pool, a.deployment, a.cluster, a.replicas * per_replica[a.deployment])
+            for a in stored
+        ),
+        *((r.pool, r.deployment, r.cluster, r.gpus) for r in extra),
+    ]:
+        used = placed[pool]
+        used[deployment, cluster] = used.get((deployment, cluster), 0) + gpus
     instances = instance_gpus(session)
     out = []
     for pool in session.scalars(select(m.Pool).order_by(m.Pool.name)).unique():
@@ -85,7 +103,7 @@ def holdings(session: Session, now: datetime) -> list[costs.PoolHolding]:
                 purchase_type=pool.purchase_type,
                 price_per_gpu_hour=float(pool.price_per_gpu_hour),
                 held_gpus=held,
-                used=placed.get(pool.id, {}),
+                used=placed.get(pool.name, {}),
             )
         )
     return out
@@ -116,6 +134,16 @@ def write_accruals(session: Session, accruals: Sequence[costs.Accrual]) -> None:
         }
         for a in accruals
     ]
+    for at in range(0, len(values), WRITE_CHUNK):  # libpq takes at most 65,535 parameters
+        _write_chunk(session, values[at : at + WRITE_CHUNK])
+
+
+WRITE_CHUNK = 1000
+"""Ledger rows per statement: 12 parameters each. One statement of them all failed past
+~5,400 rows (a big fleet's tick across an hour), and every retry crossed the hour again."""
+
+
+def _write_chunk(session: Session, values: list[dict[str, Any]]) -> None:
     table = m.CostLedger
     stmt = insert(table).values(values)
     stmt = stmt.on_conflict_do_update(
@@ -183,6 +211,7 @@ def warn_expiring(session: Session, now: datetime) -> list[str]:
         told = session.scalars(
             select(m.Event.id).where(
                 m.Event.type == EXPIRING,
+                m.Event.object_kind == "Pool",  # the (object_kind, object_id) index: no scan
                 m.Event.object_id == pool.id,
                 m.Event.data["days"].as_integer() == days,
                 m.Event.data["term_end"].astext == end,

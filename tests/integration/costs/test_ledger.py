@@ -219,3 +219,16 @@ def test_a_report_adds_at_most_the_rate_bound_times_the_time_since_the_last(
 def tokens_db(tokens: dict[str, str]) -> dict[str, str]:
     """An empty database (the API suite's `tokens` fixture truncates every table)."""
     return tokens
+
+
+def test_a_shadows_gpus_are_charged_to_its_deployment_not_to_idle(admin, session_factory):
+    """A shadow (or a rollout's lane) runs beyond the placed replicas, bought or held for
+    the deployment: it went to the pool's idle row."""
+    fleet(admin, session_factory)
+    shadowed = admin.patch("deployments/chat-llm", {"shadow": {"share": 0.1, "replicas": 1}})
+    assert shadowed.status_code == 200, shadowed.text
+    accrue(session_factory, T0)
+    accrue(session_factory, T0 + timedelta(minutes=30))
+    got = ledger(session_factory)
+    assert got[("06-01 09:00", "rsv", "chat-llm")] == pytest.approx((6.0, 6.0, 12.0))  # 8 + 4
+    assert got[("06-01 09:00", "rsv", "")] == pytest.approx((2.0, 0.0, 4.0))  # 4 idle of 16

@@ -323,3 +323,14 @@ def test_moved_replicas_are_what_now_has_beyond_the_fresh_placement():
     fresh = [("chat", "rsv", 3), ("code", "rsv", 2), ("code", "spot", 1)]
     assert costs.moved_replicas(now, fresh) == 3  # chat's 2 off od, one of code's off rsv
     assert costs.moved_replicas(now, now) == 0
+
+
+def test_an_accrual_gap_shorter_than_two_periods_is_refused():
+    """30 s of gap for a 60 s period left 30 s of every tick out of the ledger."""
+    from controlplane.settings import Settings
+
+    with pytest.raises(ValueError, match="at least twice GPUFLEET_COST_ACCRUE_EVERY_S"):
+        Settings(cost_accrue_every_s=60, cost_accrual_max_gap_s=30)
+    assert (
+        Settings(cost_accrue_every_s=60, cost_accrual_max_gap_s=120).cost_accrual_max_gap_s == 120
+    )
