@@ -6,6 +6,7 @@ runtime that polls ``/health`` sees a cold start. Bad input gets vLLM's error sh
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import logging
@@ -89,24 +90,21 @@ class Simulator:
                 "the input messages.",
                 param="messages",
             )
-        max_tokens = requested if requested is not None else cfg.max_model_len - prompt_tokens
-        if prompt_tokens + max_tokens > cfg.max_model_len:
-            raise p.ApiError(
-                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
-                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"messages, {max_tokens} in the completion). Please reduce the length of the "
-                "messages or completion.",
-                param="max_tokens",
-            )
+        # (more than max_model_len was refused by the request's own check) as vLLM 0.32 (`get_max_tokens`): the answer is cut to what the context has left
+        # (finish_reason "length"), not refused — a load test asking for the context length
+        # failed whole on the simulator and passed on vLLM
+        room = cfg.max_model_len - prompt_tokens
+        max_tokens = room if requested is None else min(requested, room)
         return SimRequest(
             prompt_tokens=max(1, prompt_tokens),
             max_tokens=max_tokens,
-            natural_tokens=None if body.ignore_eos else natural_length(seed),
+            natural_tokens=None if body.ignore_eos else max(natural_length(seed), body.min_tokens),
             seed=seed,
             stop=body.stops,
             n_param=body.n,
             max_tokens_param=requested,
             offset=offset,
+            min_tokens=body.min_tokens,
         )
 
 
@@ -169,7 +167,9 @@ def _build_app(sim: Simulator) -> FastAPI:
             stream = _chat_stream(sim, sim_request, head, body.stream_options)
             return _event_stream(stream, request)
         try:
-            text, finish, stop_reason = await _collect(sim_request)
+            [(text, finish, stop_reason)] = await _collect_while_there(request, [sim_request])
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it; the slot is free again
         finally:
             sim.engine.abort(sim_request)
         message = {"role": "assistant", "content": text, "refusal": None}
@@ -203,6 +203,15 @@ def _build_app(sim: Simulator) -> FastAPI:
         if body.stream and len(prompts) > 1:
             raise p.ApiError("engine-sim streams one prompt at a time; send one", param="prompt")
         if len(prompts) == 1 and isinstance(body.prompt, str | list) and _one_string(body.prompt):
+            text = str(body.prompt if isinstance(body.prompt, str) else body.prompt[0])
+            if len(text) > 16 * sim.config.max_model_len:  # looking for a continuation in
+                # 2 MB hashed it 512 times on the event loop: seconds of every stream stalled
+                raise p.ApiError(
+                    f"This model's maximum context length is {sim.config.max_model_len} "
+                    f"tokens. However, your request has more input tokens than that "
+                    f"({len(text)} characters). Please reduce the length of the input.",
+                    param="prompt",
+                )
             seed, tokens, offset = body.continued()
             sims = [sim.make_request(body, tokens, seed, body.max_tokens, offset)]
         else:
@@ -219,15 +228,17 @@ def _build_app(sim: Simulator) -> FastAPI:
             )
         choices = []
         try:
-            for i, r in enumerate(sims):
-                text, finish, stop_reason = await _collect(r)
-                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                choice |= {"stop_reason": stop_reason, "token_ids": None}
-                choice |= dict.fromkeys(("prompt_logprobs", "prompt_token_ids", "routed_experts"))
-                choices.append(choice)
+            answers = await _collect_while_there(request, sims)
+        except _ClientGone:
+            return Response(status_code=499)
         finally:
             for r in sims:
                 sim.engine.abort(r)
+        for i, (text, finish, stop_reason) in enumerate(answers):
+            choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            choice |= {"stop_reason": stop_reason, "token_ids": None}
+            choice |= dict.fromkeys(("prompt_logprobs", "prompt_token_ids", "routed_experts"))
+            choices.append(choice)
         used = p.usage(sum(r.prompt_tokens for r in sims), sum(r.generated for r in sims))
         return JSONResponse(
             {
@@ -319,6 +330,33 @@ def _model_card(config: EngineConfig) -> dict[str, Any]:
             }
         ],
     }
+
+
+class _ClientGone(Exception):
+    """The client of a non-streamed request went away before its answer."""
+
+
+async def _collect_while_there(
+    http: Request, requests: list[SimRequest]
+) -> list[tuple[str, str, str | None]]:
+    """Each request's answer, unless the client goes first: then ``_ClientGone`` (the
+    caller aborts them). vLLM cancels on a disconnect (`with_cancellation`); this kept the
+    slot — and `num_requests_running`, KV use — until the whole answer was made."""
+    answers = asyncio.ensure_future(asyncio.gather(*(_collect(r) for r in requests)))
+    gone = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({answers, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not answers.done():
+        answers.cancel()
+        raise _ClientGone
+    return answers.result()
+
+
+async def _disconnected(http: Request) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _collect(request: SimRequest) -> tuple[str, str, str | None]:

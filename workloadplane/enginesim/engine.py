@@ -137,6 +137,9 @@ class SimRequest:
     offset: int = 0
     """Tokens of ``seed``'s answer already given (a continued final message or prompt):
     generation picks up at that index, as a greedy model continuing its own text would."""
+    min_tokens: int = 0
+    """No end of answer and no stop string before this many tokens (vLLM masks EOS and
+    skips stop strings until then)."""
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     generated: int = 0
     text: str = ""
@@ -310,9 +313,12 @@ class Engine:
             gap = now - (request.last_token_at or now)
             self.metrics.inter_token.observe(gap)
         request.last_token_at = now
-        stop = next((s for s in request.stop if s and s in request.text), None)
+        # a stop string ending in this token's text (earlier ones were looked for before,
+        # or were before min_tokens, where vLLM does not look)
+        early = request.generated < request.min_tokens
+        found = [] if early else [(_stop_at(request.text, t, len(text)), t) for t in request.stop]
+        stop, cut = next(((t, at) for at, t in found if t and at >= 0), (None, -1))
         if stop is not None:
-            cut = request.text.index(stop)
             visible = text[: max(0, len(text) - (len(request.text) - cut))]
             request.events.put_nowait(TokenEvent(visible, "stop", stop))
             self._finish(request, "stop", notify=False)
@@ -357,3 +363,11 @@ async def drain_events(request: SimRequest) -> AsyncIterator[TokenEvent]:
         yield event
         if event.finish_reason is not None:
             return
+
+
+def _stop_at(text: str, stop: str, new: int) -> int:
+    """Where ``stop`` starts in ``text`` when it ends within its last ``new`` characters
+    (-1: it does not)."""
+    if not stop:
+        return -1
+    return text.find(stop, max(0, len(text) - new - len(stop) + 1))

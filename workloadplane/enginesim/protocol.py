@@ -373,6 +373,13 @@ class CompletionRequest(_Request):
     logprobs: Any = None  # checked by hand, as vLLM does
     echo: bool | None = False  # vLLM: optional here, not in chat
 
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_is_16(cls, value: Any) -> Any:
+        """vLLM's `normalize_null_max_tokens`: an explicit null is the default 16 (it was the
+        whole context here)."""
+        return 16 if value is None else value
+
     def check(self, max_model_len: int) -> None:
         _check_logprobs("logprobs", "sample", self.logprobs, False)
         p = self.prompt

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -173,3 +174,31 @@ async def test_a_lone_surrogate_in_the_model_name_gets_vllms_400(sim: Simulator)
         "'utf-8' codec can't encode character '\\ud800' in position 32: surrogates not allowed"
     )
     assert served.status_code == 200  # a NUL is valid text: vLLM serves it
+
+
+async def test_min_tokens_holds_the_end_of_the_answer_back_as_vllm_does(sim: Simulator) -> None:
+    """vLLM masks the end of the answer until min_tokens (benchmarks use it to fix output
+    lengths); the simulator checked the value and then ended at its natural length."""
+    body = ROUTES["/v1/chat/completions"] | {"max_tokens": 300, "min_tokens": 200}
+    async with client_for(sim) as http:
+        answer = (await http.post("/v1/chat/completions", json=body)).json()
+    assert answer["usage"]["completion_tokens"] >= 200
+
+
+async def test_a_null_max_tokens_on_completions_is_16(sim: Simulator) -> None:
+    """vLLM's normalize_null_max_tokens; it was the whole context here."""
+    body = ROUTES["/v1/completions"] | {"max_tokens": None, "ignore_eos": True}
+    async with client_for(sim) as http:
+        answer = (await http.post("/v1/completions", json=body)).json()
+    assert answer["usage"]["completion_tokens"] == 16
+
+
+async def test_a_prompt_far_over_the_context_is_refused_at_once(sim: Simulator) -> None:
+    """Looking for a continuation in a 2 MB prompt took seconds on the event loop, every
+    stream and /health stalled meanwhile; it is over the context whatever it holds."""
+    body = ROUTES["/v1/completions"] | {"prompt": "a " * 1_000_000}
+    started = time.perf_counter()
+    async with client_for(sim) as http:
+        answer = await http.post("/v1/completions", json=body)
+    assert answer.status_code == 400 and "maximum context length" in answer.text
+    assert time.perf_counter() - started < 1.0
