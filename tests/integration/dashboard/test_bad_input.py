@@ -3,7 +3,9 @@ the role (in-process app on the real PostgreSQL, no browser)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -97,23 +99,10 @@ def test_a_gateway_or_router_that_does_not_answer_is_shown_down_never_a_500(
 ):
     import socket
 
-    from controlplane.api.app import create_app
-    from controlplane.settings import Settings
-    from tests.integration.api.builders import seed
-    from tests.integration.conftest import Api
-
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    settings = Settings(
-        database_url=database_url,
-        gateway_urls={"use1": {"url": closed, "region": "aws-us-east-1"}},  # type: ignore[arg-type]
-        router_urls={"use1-a": closed},
-    )
-    app = create_app(settings, session_factory=session_factory)
-    with TestClient(app, raise_server_exceptions=False) as client:
-        seed(Api(client, tokens["admin"]))
-        signed_in(client, tokens["viewer"])
+    with _viewer_of_planes_at(closed, database_url, session_factory, tokens) as client:
         world = client.get("/map")
         assert world.status_code == 200
         assert 'class="gateway bad" data-gateway="use1"' in world.text
@@ -164,11 +153,6 @@ def test_a_router_or_gateway_answering_something_else_is_shown_down_never_a_500(
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from controlplane.api.app import create_app
-    from controlplane.settings import Settings
-    from tests.integration.api.builders import seed
-    from tests.integration.conftest import Api
-
     class Html(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             page = b"<html><body>It works! {not metrics</body></html>\n"
@@ -185,17 +169,29 @@ def test_a_router_or_gateway_answering_something_else_is_shown_down_never_a_500(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     other = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        settings = Settings(
-            database_url=database_url,
-            gateway_urls={"use1": {"url": other, "region": "aws-us-east-1"}},  # type: ignore[arg-type]
-            router_urls={"use1-a": other},
-        )
-        app = create_app(settings, session_factory=session_factory)
-        with TestClient(app, raise_server_exceptions=False) as client:
-            seed(Api(client, tokens["admin"]))
-            signed_in(client, tokens["viewer"])
+        with _viewer_of_planes_at(other, database_url, session_factory, tokens) as client:
             assert client.get("/map").status_code == 200
             assert client.get("/deployments").status_code == 200
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def _viewer_of_planes_at(url: str, database_url, session_factory, tokens) -> Iterator[TestClient]:
+    """The dashboard, signed in as a viewer, with gateway use1 and router use1-a at ``url``."""
+    from controlplane.api.app import create_app
+    from controlplane.settings import Settings
+    from tests.integration.api.builders import seed
+    from tests.integration.conftest import Api
+
+    settings = Settings(
+        database_url=database_url,
+        gateway_urls={"use1": {"url": url, "region": "aws-us-east-1"}},  # type: ignore[arg-type]
+        router_urls={"use1-a": url},
+    )
+    app = create_app(settings, session_factory=session_factory)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        seed(Api(client, tokens["admin"]))
+        signed_in(client, tokens["viewer"])
+        yield client
