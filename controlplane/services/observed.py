@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -71,6 +72,7 @@ class DbSink:
         self._factory = factory
         self._on_change = on_change or (lambda reason: None)
         self._bounds = bounds or Bounds()
+        self._rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
         self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
 
     async def record_observed(
@@ -97,14 +99,10 @@ class DbSink:
     ) -> list[str]:
         """Record the rejections as `ReportRejected` events, once per reason per minute,
         and log one line per reason (a forged report may hold thousands)."""
-        logged: dict[str, int] = {}
-        for r in rejections:
-            logged[r.reason] = logged.get(r.reason, 0) + 1
-            if logged[r.reason] == 1:
-                log.warning("%s: report rejected (%s): %s", cluster.name, r.reason, r.message)
-        for reason, count in logged.items():
-            if count > 1:
-                log.warning("%s: report rejected (%s): %d more", cluster.name, reason, count - 1)
+        counts = Counter(r.reason for r in rejections)
+        for r in {r.reason: r for r in reversed(rejections)}.values():  # each reason's first
+            more = f" (and {counts[r.reason] - 1} more)" if counts[r.reason] > 1 else ""
+            log.warning("%s: report rejected (%s): %s%s", cluster.name, r.reason, r.message, more)
         for r in rejections:
             key = (cluster.name, r.reason)
             last = self._noted.get(key)
@@ -143,8 +141,7 @@ class DbSink:
             epochs.note_applied(session, cluster, state.observed_epoch, state.observed_generation)
             reason = _revive(session, cluster)
             release_holds(session, _sync_replicas(session, cluster, state))
-            rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
-            costs.record_usage(session, cluster.name, state.deployments, received_at, rates)
+            costs.record_usage(session, cluster.name, state.deployments, received_at, self._rates)
             rollout_windows.record_outcomes(session, cluster.name, state.deployments)
             if _record_demand(session, cluster, state):
                 reason = reason or "demand"
