@@ -494,7 +494,9 @@ def keep_one_admin(session: Session, row: m.ApiToken, verb: str) -> None:
     """Another admin token that works (enabled, not expired) stays, or ``InUse``. The admin
     rows are locked first: two admins disabling each other's tokens at once could both
     pass a check that counted the other."""
-    session.scalars(select(m.ApiToken.id).where(m.ApiToken.role == Role.admin).with_for_update())
+    session.scalars(
+        select(m.ApiToken.id).where(m.ApiToken.role == Role.admin).with_for_update()
+    ).all()
     now = datetime.now(UTC)
     others = session.scalar(
         select(func.count())
