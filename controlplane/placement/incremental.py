@@ -156,7 +156,13 @@ def _settle(plan: Plan, changed: list[int], retry: list[int]) -> None:
                 place_hard(plan, d, missing)
             else:
                 fill(plan, d, missing)
-    rehome_displaced(plan)
+    # displaced before and neither evicted again nor near a pool that gained room since
+    # would find none again (the last plan's fill found none for them): not retried
+    gained = plan.freed_at > 0
+    t = plan.t
+    rehome_displaced(
+        plan, {e for e in plan.displaced if e in plan.touched or (t.compat(e) & gained).any()}
+    )
     place_again(plan, [d for d in enforce_rules(plan, order) if d in changed])
     improve(plan, [d for d in order if d in changed], passes=1)
 

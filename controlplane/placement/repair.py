@@ -224,7 +224,11 @@ def place_hard(plan: Plan, d: int, k: int) -> int:
         if by_capacity and shape in plan.no_room:
             break
         movable = movable and make_room(plan, d)
-        if movable or displace(plan, d, harmful_ok=d not in plan.repaired):
+        if (
+            movable
+            or displace(plan, d, harmful_ok=d not in plan.repaired)
+            or move_and_displace(plan, d)
+        ):
             got = fill(plan, d, 1)
             if got == 0:
                 break
@@ -315,6 +319,138 @@ def displace(plan: Plan, d: int, harmful_ok: bool = True) -> bool:
     return False
 
 
+# pools of d examined by move_and_displace, cheapest first, and target pools per replica
+# moved out of one
+MAX_CHAIN_POOLS = 32
+MAX_CHAIN_TARGETS = 8
+
+# a chain's steps, to undo: (mover, from, to, kept there before) or (victim, pool, -1, kept)
+Step = tuple[int, int, int, int]
+
+
+def move_and_displace(plan: Plan, d: int) -> bool:
+    """Room for one replica of d in one of its pools by moving others' replicas out of it
+    into pools where evicting replicas of lower priority than d makes theirs: a chain of
+    two steps, for when neither moving into room (make_room) nor evicting in d's own pools
+    (displace) frees a whole replica — e.g. d's pools full of higher priorities and lower
+    ones only in 1- and 2-GPU pieces, never a whole 4-GPU replica's worth in one pool,
+    while those higher priorities' other pools hold lower-priority replicas enough.
+    Victims are evicted only where their spread rule survives."""
+    t = plan.t
+    if t.inp.deployments[d].priority <= t.lowest_priority:
+        return False  # nobody ranks below d
+    s = plan.size(d)
+    idx = t.compat_index(d)
+    spread, _unmet = spread_filter(plan, d, np.zeros(len(idx)), idx)
+    ok = np.isfinite(spread) & (t.cap[idx] - plan.used[idx] < s) & (t.cap[idx] >= s)
+    if plan.spot_budget(d) <= 0:
+        ok &= ~t.is_spot[idx]
+    cost = np.where(ok, t.cost(d)[idx], INF)
+    for i in smallest(cost, MAX_CHAIN_POOLS):
+        if not math.isfinite(cost[i]):
+            return False
+        if _chain_out(plan, int(idx[i]), d):
+            return True
+    return False
+
+
+def _chain_out(plan: Plan, p: int, d: int) -> bool:
+    """Free one replica of d's GPUs in p by moving others out (into room, else evicting
+    below d's priority where they go); everything undone if it cannot."""
+    t = plan.t
+    need = plan.size(d)
+    movable = {e: n - plan.kept[e].get(p, 0) for e, n in plan.members[p].items() if e != d}
+    if int(t.cap[p] - plan.used[p]) + sum(n * plan.size(e) for e, n in movable.items()) < need:
+        return False
+    stamp = plan.removals
+    steps: list[Step] = []
+    for e in sorted(movable, key=lambda e: (plan.size(e) < need, plan.size(e), e)):
+        for _ in range(movable[e]):
+            if t.cap[p] - plan.used[p] >= need:
+                break
+            q = _move_one(plan, e, p)
+            if q is not None:
+                steps.append((e, p, q, plan.kept[e].get(p, 0)))
+            elif not _move_evicting(plan, e, p, d, steps):
+                break
+        if t.cap[p] - plan.used[p] >= need:
+            for v, _src, to, _kept in steps:
+                if to < 0:
+                    by = plan.displaced.setdefault(v, {})
+                    by[d] = by.get(d, 0) + 1
+            return True
+    for e, src, to, kept in reversed(steps):
+        if to >= 0:
+            plan.remove(e, to, 1)
+        plan.add(e, src, 1)
+        if kept:
+            plan.kept[e][src] = kept
+    plan.removals = stamp  # all undone: the room is as it was
+    return False
+
+
+def _move_evicting(plan: Plan, e: int, p: int, d: int, steps: list[Step]) -> bool:
+    """Move one replica of e out of p into one of its pools where evicting replicas of
+    lower priority than d (never d's or e's, never breaking a victim's spread) makes room;
+    the steps are appended to ``steps``."""
+    t = plan.t
+    deps = t.inp.deployments
+    prio, s = deps[d].priority, plan.size(e)
+    idx = t.compat_index(e)
+    ok = (idx != p) & (t.cap[idx] >= s)
+    if plan.spot_budget(e) + int(t.is_spot[p]) <= 0:
+        ok &= ~t.is_spot[idx]
+    cost = np.where(ok, t.cost(e)[idx], INF)
+    tried = 0
+    for i in np.argsort(cost, kind="stable"):
+        if not math.isfinite(cost[i]) or tried == MAX_CHAIN_TARGETS:
+            return False
+        q = int(idx[i])
+        victims = _lower(plan, q, prio, s - int(t.cap[q] - plan.used[q]), (d, e))
+        if victims is None:
+            continue
+        tried += 1
+        mark = len(steps)
+        for v in victims:
+            steps.append((v, q, -1, plan.kept[v].get(q, 0)))
+            plan.remove(v, q, 1)
+        steps.append((e, p, q, plan.kept[e].get(p, 0)))
+        plan.remove(e, p, 1)
+        plan.add(e, q, 1)
+        if spread_ok(plan, e) and plan.spot_budget(e) >= 0:
+            return True
+        for v, src, to, kept in reversed(steps[mark:]):
+            if to >= 0:
+                plan.remove(v, to, 1)
+            plan.add(v, src, 1)
+            if kept:
+                plan.kept[v][src] = kept
+        del steps[mark:]
+    return False
+
+
+def _lower(plan: Plan, q: int, prio: int, need: int, spare: tuple[int, ...]) -> list[int] | None:
+    """Replicas in q (one entry per replica) of priority below ``prio``, not of ``spare``,
+    whose eviction frees ``need`` GPUs without breaking a spread rule; None if none do."""
+    if need <= 0:
+        return []
+    deps = plan.t.inp.deployments
+    lower = sorted(
+        (e for e in plan.members[q] if deps[e].priority < prio and e not in spare),
+        key=lambda e: (deps[e].priority, plan.size(e), e),
+    )
+    out: list[int] = []
+    for e in lower:
+        for n in range(1, plan.members[q][e] + 1):
+            if _breaks_spread(plan, e, q, n):
+                break
+            out.append(e)
+            need -= plan.size(e)
+            if need <= 0:
+                return out
+    return None
+
+
 def _evictable(plan: Plan, d: int, ranked: list[int]) -> list[int]:
     """The first MAX_ROOM_POOLS pools of ``ranked`` (cheapest first, admissible) whose room
     plus lower-priority replicas would fit one replica of d. Searched over all of d's pools,
@@ -375,10 +511,12 @@ def _breaks_spread(plan: Plan, e: int, p: int, n: int = 1) -> bool:
     return len(provs) < kp or len(regs) < kr
 
 
-def rehome_displaced(plan: Plan) -> None:
-    """Give displaced replicas another pool if one has room (then they merely moved)."""
+def rehome_displaced(plan: Plan, only: set[int] | None = None) -> None:
+    """Give displaced replicas (those of ``only`` if given) another pool if one has room
+    (then they merely moved)."""
     deps = plan.t.inp.deployments
-    for e in sorted(plan.displaced, key=lambda e: (-deps[e].priority, e)):
+    todo = plan.displaced if only is None else [e for e in plan.displaced if e in only]
+    for e in sorted(todo, key=lambda e: (-deps[e].priority, e)):
         # a victim may have won its replicas back already (its own turn came later):
         # only what it still misses is lost, and never more than that is re-placed
         missing = max(deps[e].target_replicas - plan.placed(e), 0)

@@ -13,6 +13,7 @@ from controlplane.placement.packing import Plan, fill
 from controlplane.placement.repair import (
     MAX_ROOM_POOLS,
     make_room,
+    move_and_displace,
     place_again,
     place_hard,
     place_short,
@@ -192,6 +193,55 @@ def test_the_last_of_two_replicas_waits_for_a_new_provider_and_region_at_once():
 
     assert plan.alloc[0] == {0: 1, 2: 1}  # aws in the US and gcp: two of each
     assert plan.alloc[1] == {1: 1}  # other moved into the room in Europe
+
+
+def _behind_a_higher_priority(pinned_second: bool) -> Plan:
+    """`high` (priority 1, one 4-GPU replica per 4 asked, type A only) finds pool a full
+    of `top` (priority 2, which may also run on B); pool b (type B) is full of two 2-GPU
+    replicas of `low` (priority 0). Nothing of lower priority than `high` is in a, and b
+    has no room for `top`. With ``pinned_second`` a holds a second `top`-like replica
+    that may run on A only, and `high` needs all 8 GPUs of a."""
+    pools = [
+        make_pool("a", gpu_type="A", capacity=8 if pinned_second else 4),
+        make_pool("b", gpu_type="B", capacity=4),
+    ]
+    deps = [
+        make_deployment("high", gpus=8 if pinned_second else 4, priority=1, gpu_types=("A",)),
+        make_deployment("top", gpus=4, priority=2, gpu_types=("A", "B")),
+        make_deployment("low", gpus=2, replicas=2, priority=0, gpu_types=("B",)),
+        make_deployment("pinned", gpus=4, priority=2, gpu_types=("A",)),
+    ]
+    plan = Plan.empty(compile_tables(make_input(pools, deps)))
+    plan.add(1, 0, 1)  # top in a
+    plan.add(2, 1, 2)  # low's two replicas fill b
+    if pinned_second:
+        plan.add(3, 0, 1)
+    return plan
+
+
+def test_a_higher_priority_moves_aside_into_room_that_evicting_a_lower_one_makes():
+    """Neither moving `top` into room (there is none) nor evicting in a (nothing there
+    ranks below `high`) fits `high`: `top` moves to b, where `low` (below `high`) is
+    evicted, and `high` runs in a. Before session 22 `high` was left out (seed 37, 60
+    shapes, 92 %: 92 GPUs of priorities 1-2 out where a MIP finds 68)."""
+    plan = _behind_a_higher_priority(pinned_second=False)
+    place_short(plan, [0], place_hard)
+    assert plan.alloc[0] == {0: 1}  # high in a
+    assert plan.alloc[1] == {1: 1}  # top moved to b
+    assert plan.alloc[2] == {}  # low evicted, nowhere else to go
+    assert plan.displaced == {2: {0: 2}}  # and reported as displaced by high
+
+
+def test_a_chain_that_cannot_free_the_whole_replica_is_undone():
+    """`high` needs all of a; `top` could move to b by evicting `low`, but `pinned` cannot
+    leave: nothing moves, nothing is evicted, and the room notes stay valid."""
+    plan = _behind_a_higher_priority(pinned_second=True)
+    stamp = plan.removals
+    assert not move_and_displace(plan, 0)
+    assert plan.alloc[1] == {0: 1} and plan.alloc[2] == {1: 2} and plan.alloc[3] == {0: 1}
+    assert plan.used.tolist() == [8, 4]
+    assert plan.displaced == {}
+    assert plan.removals == stamp
 
 
 @given(
