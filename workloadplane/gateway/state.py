@@ -34,6 +34,7 @@ from controlplane.contracts import (
 )
 from workloadplane.gateway.choice import Choice, ChoiceParams, Context, PlaneSignals, rank
 from workloadplane.health import ReplicaHealth
+from workloadplane.router.metrics import drop_series
 from workloadplane.router.upstream import Abort, UpstreamPool, host_port
 from workloadplane.state import frame, unframe
 
@@ -212,6 +213,23 @@ class GatewayMetrics:
             )
         return served
 
+    def prune(self, deployments: set[str], planes: set[str]) -> None:
+        """Drop the series of deployments and planes that left the routing table (a
+        refusal's labels, "", stay)."""
+        deployments, planes = deployments | {""}, planes | {""}
+        d, dp = ("deployment",), ("deployment", "plane")
+        labelled = [
+            (self.requests, (*dp, "code")),
+            (self.request_size, d),
+            *((h, dp) for h in (self.response_size, self.head_time, self.duration)),
+            (self.ejections, ("plane",)),
+        ]
+        drop_series(labelled, {"deployment": deployments, "plane": planes})
+        for key in [k for k in self._served if k[0] not in deployments or k[1] not in planes]:
+            del self._served[key]
+        for key in [k for k in self._answered if k[0] not in deployments or k[1] not in planes]:
+            del self._answered[key]
+
     def answered(self, deployment: str, plane: str, code: int) -> Counter:
         """``requests`` labelled for one answer (looked up once per label values)."""
         key = (deployment, plane, code)
@@ -310,6 +328,7 @@ class GatewayState:
                 wanted[p.cluster] = p.endpoint
         for cluster in [c for c in self.planes if c not in wanted]:
             self.planes.pop(cluster).pool.close()
+        self.metrics.prune(set(self.routes), set(wanted))
         for cluster, endpoint in wanted.items():
             plane = self.planes.get(cluster)
             if plane is not None and plane.endpoint == endpoint:

@@ -367,6 +367,7 @@ class RouterApp:
     async def scrape(self, send: Send) -> None:
         m = self.metrics
         families: dict[str, list[str]] = {}
+        m.prune(set(self.router.deployments))
         for entry in self.router.deployments.values():
             in_flight, queued = self.router.load(entry.name)
             m.queue_depth.labels(entry.name).set(queued)

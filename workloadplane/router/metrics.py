@@ -118,6 +118,20 @@ class RouterMetrics:
 
         self._per_deployment: dict[str, DeploymentMetrics] = {}
         self._codes: dict[tuple[str, str], Counter] = {}
+        # every series labelled by deployment, with its label names (``prune``)
+        self._by_deployment: list[tuple[Labelled, tuple[str, ...]]] = [
+            (self.requests, ("deployment", "code")),
+            (self.shadow, ("deployment", "outcome")),
+            *((h, ("deployment",)) for h in (self.request_bytes, self.response_bytes)),
+            *((h, ("deployment",)) for h in (self.ttft, self.e2e, self.tokens_per_s)),
+            *((c, ("deployment",)) for c in (self.input_tokens, self.output_tokens)),
+            (self.queue_wait, ("deployment",)),
+            (self.queue_depth, ("deployment",)),
+            (self.in_flight, ("deployment",)),
+            (self.replicas, ("deployment", "phase")),
+            (self.retries, ("deployment", "reason")),
+            (self.ejections, ("deployment", "replica")),
+        ]
 
     def of(self, deployment: str) -> DeploymentMetrics:
         """The per-request series of ``deployment``, looked up once (``labels()`` is slow)."""
@@ -137,8 +151,37 @@ class RouterMetrics:
         """Count a replica's ejection (by a failed request or a failed probe)."""
         self.ejections.labels(deployment, replica_id).inc()
 
+    def prune(self, keep: set[str]) -> None:
+        """Drop the series of deployments not in ``keep`` (no longer desired, last replica
+        gone; every rollout lane would otherwise add label sets for good). A name that
+        comes back starts its series from zero, as its counters do."""
+        drop_series(self._by_deployment, {"deployment": keep})
+        for name in [n for n in self._per_deployment if n not in keep]:
+            del self._per_deployment[name]
+        for key in [k for k in self._codes if k[0] not in keep]:
+            del self._codes[key]
+
     def render(self) -> bytes:
         return generate_latest(self.registry) + b"".join(generate_latest(r) for r in self.also)
+
+
+Labelled = Counter | Gauge | Histogram
+
+
+def drop_series(
+    metrics: Sequence[tuple[Labelled, tuple[str, ...]]], keep: dict[str, set[str]]
+) -> None:
+    """Remove from each (metric, its label names) the series whose value of a label named
+    in ``keep`` is not among that label's values there (the values of names that left)."""
+    for metric, names in metrics:
+        gone = {
+            tuple(sample.labels[n] for n in names)
+            for family in metric.collect()
+            for sample in family.samples
+            if any(k in sample.labels and sample.labels[k] not in v for k, v in keep.items())
+        }
+        for labels in gone:
+            metric.remove(*labels)
 
 
 class DeploymentMetrics:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from controlplane.contracts import (
     MAX_PLANE_LOAD_BYTES,
     AutoscalingPolicy,
@@ -293,4 +295,29 @@ def test_a_kept_ranking_is_always_the_one_ranking_afresh_gives(tmp_path: Path):
         )  # fmt: skip
         assert got == fresh
         assert got is not None and [r.why for r in got.ranked] == [r.why for r in fresh.ranked]
+    state.close()
+
+
+def test_series_of_deployments_and_planes_that_left_the_table_leave_the_metrics(tmp_path: Path):
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US", "b": "US"}))
+    m = state.metrics
+    for plane in ("a", "b"):
+        m.served("chat1", plane).head_time.observe(0.1)
+        m.answered("chat1", plane, 200).inc()
+    m.answered("", "", 404).inc()  # a refusal: no deployment, no plane
+    m.ejections.labels("b").inc()
+
+    assert state.apply_table(table(2, planes={"a": "US"}))  # chat2 on a only
+
+    text = generate_latest(m.registry).decode()
+    assert 'deployment="chat1"' not in text and 'plane="b"' not in text
+    assert 'code="404",deployment="",plane=""' in text
+    m.answered("chat2", "a", 200).inc()
+    assert (
+        m.registry.get_sample_value(
+            "gpufleet_gateway_requests_total", {"deployment": "chat2", "plane": "a", "code": "200"}
+        )
+        == 1.0
+    )
     state.close()

@@ -151,3 +151,40 @@ async def test_shadow_copies_are_bounded_and_the_excess_is_dropped_and_counted()
     counted = router.outcomes("chat--r3")  # what the heartbeat reports for the shadow lane
     assert counted is not None and counted.dropped == 2 and counted.requests == 0
     await app.close_shadows()
+
+
+async def test_metrics_of_a_lane_that_left_are_dropped_and_start_from_zero_if_it_comes_back():
+    """Every rollout lane used to add label sets to /metrics for good: once a lane is no
+    longer desired and its last replica is gone, its series leave the scrape."""
+    from workloadplane.router.app import RouterApp
+    from workloadplane.router.dispatch import Dispatcher
+    from workloadplane.router.metrics import RouterMetrics
+
+    router = router_with(0.5)
+    metrics = RouterMetrics()
+    app = RouterApp(router, Dispatcher(router, metrics), metrics)
+    for name in ("chat", "chat--r2"):
+        metrics.answered(name, "200")
+        metrics.of(name).ttft.observe(0.1)
+        metrics.ejected(name, "x")
+
+    async def scrape() -> str:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await app.scrape(send)
+        return b"".join(m.get("body", b"") for m in sent).decode()
+
+    assert 'deployment="chat--r2"' in await scrape()
+    router.set_deployments([entry("chat", "r1")])  # rolled back, and ...
+    router.set_replicas([replica("s1", "chat")])  # ... its last replica gone
+    text = await scrape()
+    assert 'deployment="chat--r2"' not in text
+    assert 'gpufleet_router_requests_total{code="200",deployment="chat"} 1.0' in text
+    metrics.answered("chat--r2", "200")  # a lane of that name again: counted from zero
+    value = metrics.registry.get_sample_value(
+        "gpufleet_router_requests_total", {"deployment": "chat--r2", "code": "200"}
+    )
+    assert value == 1.0
