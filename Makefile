@@ -66,11 +66,16 @@ test-integration: install vllm-env
 
 # Every script, then their headlines (each script's last line). Fails if any script exits
 # non-zero: a FAIL headline, or a crash before it.
+# each bench at most BENCH_TIMEOUT seconds (a hang is a failure, the rest still run); its
+# headline is its last line ending in PASS or FAIL (a late stderr line is not taken for it)
+BENCH_TIMEOUT ?= 3600
 bench: install vllm-env
 	@rm -f .bench-headlines; failed=0; for b in bench/*.py; do echo "== $$b"; \
-	  { $(BIN)/python $$b 2>&1; echo $$? > .bench-rc; } | tee .bench-last; rc=$$(cat .bench-rc); \
-	  if [ "$$rc" = 0 ]; then tail -n 1 .bench-last >> .bench-headlines; \
-	  else failed=1; echo "$$b exited $$rc: $$(tail -n 1 .bench-last)" >> .bench-headlines; fi; \
+	  { timeout --kill-after=30 $(BENCH_TIMEOUT) $(BIN)/python $$b 2>&1; echo $$? > .bench-rc; } \
+	    | tee .bench-last; rc=$$(cat .bench-rc); \
+	  h=$$(grep -E '(PASS|FAIL)$$' .bench-last | tail -n 1); [ -n "$$h" ] || h=$$(tail -n 1 .bench-last); \
+	  if [ "$$rc" = 0 ]; then echo "$$h" >> .bench-headlines; \
+	  else failed=1; echo "$$b exited $$rc: $$h" >> .bench-headlines; fi; \
 	  done; echo; echo "== headlines"; cat .bench-headlines; test $$failed = 0
 
 lint: install

@@ -152,13 +152,14 @@ def _page_times(
     app = create_app(settings)
     out: dict[str, float] = {}
     with TestClient(app) as client:
-        client.post("/login", data={"token": token})
+        login = client.post("/login", data={"token": token}, follow_redirects=False)
+        assert login.status_code == 303, ("login", login.status_code, login.text[:300])
         for path in [*PAGES, "/api/v1/pools?limit=50"]:
             target = path.format(d=deployment)
             headers = {"Authorization": f"Bearer {token}"} if target.startswith("/api") else {}
             times = []
             for _ in range(RENDERS + 1):
-                answer = client.get(target, headers=headers)
+                answer = client.get(target, headers=headers, follow_redirects=False)
                 assert answer.status_code == 200, (target, answer.status_code, answer.text[:300])
                 if target.startswith("/api"):
                     times.append(answer.elapsed.total_seconds() * 1000)

@@ -395,7 +395,9 @@ def headline(
     ours = added["gateway"]
     ratio = ours / hp if hp > 0 else float("inf")
     k, h, g = kills["gateway"], hangs["gateway"], geos["gateway"]
-    best = g.p99_ttft_s < min(geos["round-robin"].p99_ttft_s, geos["nearest only"].p99_ttft_s)
+    peers = (geos["round-robin"].p99_ttft_s, geos["nearest only"].p99_ttft_s)
+    # a peer not measured (no stream answered: inf, nan) is not beaten; ours must answer all
+    best = all(math.isfinite(v) for v in peers) and g.p99_ttft_s < min(peers)
     checks = [
         ratio <= 1.2,
         k.failed == 0,
@@ -406,6 +408,7 @@ def headline(
         h.shift_s <= 1.0,
         best,
         g.far_with_headroom == 0,
+        g.failed == 0,
     ]
 
     def fault(f: Fault, peer: Fault) -> str:
@@ -420,7 +423,8 @@ def headline(
         f"{fault(h, hangs['haproxy'])} (targets 0 failed, 0 cut, shift <=1 s); geo p99 TTFT "
         f"{ms(g.p99_ttft_s)} vs nearest only {ms(geos['nearest only'].p99_ttft_s)} vs "
         f"round-robin {ms(geos['round-robin'].p99_ttft_s)}, {g.far_with_headroom} to the far "
-        f"plane with headroom near (target best, 0) — {verdict(all(checks))}"
+        f"plane with headroom near, {g.failed} failed (target best, 0, 0) — "
+        f"{verdict(all(checks))}"
     )
     return 0 if all(checks) else 1
 

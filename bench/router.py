@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -140,13 +141,18 @@ async def latency_c1(ports: dict[str, int], rounds: int = 1000) -> dict[str, flo
         for name, pool in pools[shift:] + pools[:shift]:
             t0 = time.perf_counter()
             resp = await pool.request("POST", "/v1/chat/completions", HEADERS, BODY)
-            await resp.read()
+            body = await resp.read()
             resp.release()
+            if resp.status != 200:  # a fast error is no latency figure
+                raise SystemExit(f"{name} answered {resp.status}: {body[:200]!r}")
             if i >= 50:  # warm-up
                 samples[name].append(time.perf_counter() - t0)
     for _, pool in pools:
         pool.close()
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+EJECTED_VICTIM = re.compile(r'^gpufleet_router_ejections_total\{[^}]*replica="chat-0"', re.M)
 
 
 async def fault_run(router_port: int, victim: subprocess.Popen[bytes], sig: signal.Signals,
@@ -164,7 +170,7 @@ async def fault_run(router_port: int, victim: subprocess.Popen[bytes], sig: sign
             resp = await pool.request("GET", "/metrics")
             text = (await resp.read()).decode()
             resp.release()
-            if "gpufleet_router_ejections_total{" in text:
+            if EJECTED_VICTIM.search(text):  # the killed or hung replica, sim 0
                 ejected_after = time.monotonic() - t0
                 break
             await asyncio.sleep(0.02)

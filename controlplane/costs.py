@@ -277,7 +277,8 @@ def burn_down(r: Reservation, rows: Iterable[LedgerRow], now: datetime) -> BurnD
         burned_gpu_hours=burned,
         paid_gpu_hours=paid,
         used_gpu_hours=used,
-        idle_cost=max(0.0, paid - used) * r.price_per_gpu_hour,
+        # what the idle rows cost when they accrued (the price may have changed since)
+        idle_cost=sum(row.cost for row in mine if row.deployment == IDLE),
         expiry_warning_days=expiry_warning(r.term_end, now),
     )
 

@@ -105,7 +105,15 @@ class DelayProxy:
                     self.upstream_host, self.route.upstream
                 )
             except OSError:
-                await asyncio.sleep(max(0.0, accepted + 2 * delay - self.clock()))
+                # a dead host resets the connection one round trip after the SYN; a client
+                # that wrote its request meanwhile sent it toward this plane all the same
+                # (a request start, for "no new request goes to the dead plane")
+                with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                    async with asyncio.timeout(max(0.0, accepted + 2 * delay - self.clock())):
+                        first = await creader.read(65536)
+                        if first.startswith(b"POST ") and self.on_request is not None:
+                            self.on_request(self.route.name, accepted)
+                        await asyncio.sleep(max(0.0, accepted + 2 * delay - self.clock()))
                 _reset(cwriter)
                 return
             self._writers.add(uwriter)

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gpufleet_logging import bind_request_id, unbind_request_id
-from workloadplane.gateway.choice import Choice, Ranked
+from workloadplane.gateway.choice import Choice, Ranked, allowed_jurisdictions
 from workloadplane.gateway.continuation import (
     StreamTracker,
     continuation,
@@ -159,12 +159,13 @@ class GatewayApp:
             await self.inference(scope, receive, send, path.decode())
         elif method == "GET" and path in (b"/v1/models", b"/debug/routes"):
             head = read_head(scope["headers"])
-            if self.config.api_keys and grant_of(self.config.api_keys, head.auth) is None:
+            grant = grant_of(self.config.api_keys, head.auth) if self.config.api_keys else None
+            if self.config.api_keys and grant is None:
                 await refuse_key(send, head, "gateway")  # the fleet's map is not public
             elif path == b"/v1/models":
                 await self.models(send)
             else:
-                await self.debug_routes(scope, send)
+                await self.debug_routes(scope, send, grant)
         elif method == "GET" and path == b"/health":
             await respond(send, 200, b"", b"text/plain")
         elif method == "GET" and path == b"/metrics":
@@ -255,6 +256,16 @@ class GatewayApp:
             message = (
                 f"x-gpufleet-jurisdiction asks for {','.join(sorted(wanted))}, outside what "
                 f"this API key may use ({', '.join(sorted(grant.jurisdictions))})"
+            )
+            return Refusal(
+                head, path, errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model
+            )
+        route = self.state.routes[model]
+        if allowed_jurisdictions(route, asked) is None:  # no plane ever may: not a 503
+            message = (
+                f"deployment {model} may be served only in {', '.join(route.jurisdictions)}; "
+                f"the request (x-gpufleet-jurisdiction or its API key) allows only "
+                f"{', '.join(sorted(asked))}: ask for one of the deployment's"
             )
             return Refusal(
                 head, path, errors.BAD_REQUEST, message, "jurisdiction_not_allowed", model
@@ -470,8 +481,10 @@ class GatewayApp:
                 if not tracker.done:
                     broken = tracker.upstream_error or "the plane ended the stream without [DONE]"
             except UpstreamError as exc:
-                broken = str(exc)
-                if not opened.attempt.cut_here:  # its connection broke: not our own cut
+                # after [DONE] the answer is whole: only the chunked end was lost (continued
+                # or failed, the client would get a second [DONE] or an error after it)
+                broken = "" if tracker.done else str(exc)
+                if broken and not opened.attempt.cut_here:  # not our own cut
                     hard.add(opened.plane.cluster)
             finally:
                 opened.resp.release()
@@ -557,11 +570,23 @@ class GatewayApp:
         ]
         await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
-    async def debug_routes(self, scope: Scope, send: Send) -> None:
+    async def debug_routes(self, scope: Scope, send: Send, grant: KeyGrant | None = None) -> None:
+        """The ranking a request with ``?model=``, ``?region=`` and ``?jurisdiction=`` (as
+        its header) would get with the caller's API key: within the key's jurisdictions."""
         query = parse_qs((scope.get("query_string") or b"").decode(errors="replace"))
         model = (query.get("model") or [""])[0]
         region = (query.get("region") or [None])[0]
-        asked = parse_jurisdictions((query.get("jurisdiction") or [""])[0])
+        wanted = parse_jurisdictions((query.get("jurisdiction") or [""])[0])
+        asked = None if wanted is None else _jurisdictions(wanted, grant)
+        if wanted is not None and asked is None:
+            assert grant is not None
+            message = (
+                f"?jurisdiction= asks for {','.join(sorted(wanted))}, outside what this API key "
+                f"may use ({', '.join(sorted(grant.jurisdictions))})"
+            )
+            body = errors.error_body(message, "invalid_request_error", "jurisdiction_not_allowed")
+            await respond(send, 400, body)
+            return
         if asked is None:
             body = errors.error_body(
                 NOT_JURISDICTIONS.replace("x-gpufleet-jurisdiction", "?jurisdiction="),

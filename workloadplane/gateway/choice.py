@@ -269,7 +269,9 @@ def _expect(
             cold = params.cold_penalty_s
         saturated = in_flight >= capacity
         ahead = load.queue_depth + (in_flight + 1 - capacity if saturated else 0)
-        rate = load.service_rate if load.service_rate > 0 else params.unknown_rate
+        # a report's rate of 1e-300 would make an infinite wait (and /debug/routes' JSON
+        # invalid): at most a day's wait per request ahead
+        rate = max(load.service_rate, 1 / 86400) if load.service_rate > 0 else params.unknown_rate
         queue = max(ahead, 0) / rate
     return Ranked(
         cluster=plane.cluster,

@@ -50,7 +50,8 @@ def not_continuable(path: str, payload: dict[str, Any]) -> str:
     plain = {None, "", "text"}  # OpenAI's default response_format is {"type": "text"}
     fmt = payload.get("response_format")
     guided = [k for k in GUIDED if payload.get(k) not in (None, {}, [], "")]
-    if isinstance(fmt, dict) and fmt.get("type") in plain:
+    kind = fmt.get("type") if isinstance(fmt, dict) else 0
+    if kind is None or (isinstance(kind, str) and kind in plain):
         guided = [k for k in guided if k != "response_format"]
     if guided:  # a grammar restarted on the continued text would not hold
         return f"{guided[0]} is set"
@@ -245,15 +246,27 @@ def continuation(
         return None
     body = dict(payload)
     text, used = tracker.delivered, tracker.tokens
-    for key in ("max_tokens", "max_completion_tokens"):
-        limit = payload.get(key)
-        if isinstance(limit, int):
-            if limit - used <= 0:
-                return None
-            body[key] = limit - used
+    chat = path.endswith("/chat/completions")
+    # the limit the engine reads: chat's max_completion_tokens before max_tokens; a
+    # completion's absent or null max_tokens is 16; 100.0 and "100" are 100 (vLLM coerces)
+    key = (
+        "max_completion_tokens"
+        if chat and _tokens(payload.get("max_completion_tokens"))
+        else "max_tokens"
+    )
+    limit = _tokens(payload.get(key))
+    if limit is None and not chat:
+        limit = 16
+    if limit is not None:
+        if limit - used <= 0:
+            return None
+        body[key] = limit - used
+    floor = _tokens(payload.get("min_tokens"))
+    if floor:  # at least that many in all, so fewer still to come
+        body["min_tokens"] = max(floor - used, 0)
     if not text:
         return body
-    if path.endswith("/chat/completions"):
+    if chat:
         messages = list(payload["messages"])
         last = messages[-1] if messages else None
         if (
@@ -271,6 +284,21 @@ def continuation(
         return body
     prompt = payload["prompt"]
     body["prompt"] = (prompt[0] if isinstance(prompt, list) else prompt) + text
-    if "max_tokens" not in payload:
-        body["max_tokens"] = max(16 - used, 1)  # the OpenAI and vLLM default is 16
     return body
+
+
+def _tokens(value: Any) -> int | None:
+    """A token count as the engine reads it (pydantic's lax int: 100, 100.0, "100"), or
+    None (absent, null, not a whole number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None

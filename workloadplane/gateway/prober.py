@@ -38,7 +38,11 @@ class PlaneProber:
             resp = await plane.pool.request(
                 "GET", "/health", head_timeout=timeout, connect_timeout=timeout
             )
-            await asyncio.wait_for(resp.read(), timeout)
+            try:
+                await asyncio.wait_for(resp.read(), timeout)
+            except TimeoutError:
+                resp.discard()  # a body that stalls: its connection is not kept, nor leaked
+                raise
             resp.release()
             if resp.status != 200:
                 raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)

@@ -147,7 +147,26 @@ def parse_payload(body: bytes) -> tuple[dict[str, Any], str]:
     if not isinstance(model, str):
         message = "'model' is missing or not a string: name one of GET /v1/models"
         raise BadRequest(message, "missing_model")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # the engine reads 1, "true", "yes" … as true (pydantic's lax bool): so do we, or
+        # such a stream would be relayed as one JSON answer, without mid-stream failover
+        key = stream.lower() if isinstance(stream, str) else stream
+        flag = LAX_BOOL.get(key) if isinstance(key, (int, str)) else None
+        if flag is None:
+            raise BadRequest(
+                f"'stream' must be true or false, not {stream!r:.40}", "invalid_stream"
+            )
+        payload["stream"] = flag
     return payload, model
+
+
+LAX_BOOL: dict[object, bool] = {
+    0: False, 1: True,
+    **dict.fromkeys(("0", "off", "f", "false", "n", "no"), False),
+    **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
+}  # fmt: skip
+"""The values pydantic's lax mode (vLLM's request models) reads as a bool."""
 
 
 @dataclass(slots=True)

@@ -88,6 +88,10 @@ def test_headline_passes_only_when_every_target_is_met(capsys: pytest.CaptureFix
         (added, kills, {**hangs, "gateway": Fault(0, 0, 700, 1.5, 0.5, "a")}, geos),
         (added, kills, hangs, {**geos, "gateway": Geo(0.25, {}, 0, 0)}),
         (added, kills, hangs, {**geos, "gateway": Geo(0.12, {}, 1, 0)}),
+        (added, kills, hangs, {**geos, "gateway": Geo(0.12, {}, 0, 3)}),  # failed requests
+        # a peer that answered no stream is not beaten
+        (added, kills, hangs, {**geos, "round-robin": Geo(float("inf"), {}, 0, 700)}),
+        (added, kills, hangs, {**geos, "nearest only": Geo(float("nan"), {}, 0, 0)}),
     ]
     for case in worse:
         assert headline(*case) == 1

@@ -168,7 +168,8 @@ def reservation(days: int = 365, elapsed_days: int = 100) -> Reservation:
 def test_burn_down_against_the_term_and_idle_from_the_ledger():
     rows = [
         row(deployment="chat", held=10.0, used=10.0),
-        row(deployment=IDLE, held=6.0, used=0.0),
+        row(deployment=IDLE, held=4.0, used=0.0, cost=8.0),
+        row(deployment=IDLE, held=2.0, used=0.0, cost=3.0, hour=T0 - timedelta(hours=1)),
         row(pool="other", held=99.0, used=0.0),
     ]
     b = burn_down(reservation(), rows, T0)
@@ -177,7 +178,9 @@ def test_burn_down_against_the_term_and_idle_from_the_ledger():
     assert b.remaining_hours == pytest.approx(265 * 24)
     assert (b.paid_gpu_hours, b.used_gpu_hours, b.idle_gpu_hours) == (16.0, 10.0, 6.0)
     assert b.idle_fraction == pytest.approx(6 / 16)
-    assert b.idle_cost == pytest.approx(12.0)
+    # at the price of each hour it was idle ($1.50 before a rise to today's $2.00), not
+    # all of it at today's
+    assert b.idle_cost == pytest.approx(11.0)
     assert b.expiry_warning_days is None
 
 

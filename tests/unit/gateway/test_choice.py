@@ -185,3 +185,14 @@ def test_when_every_plane_is_out_they_are_tried_anyway_stale_before_ejected():
     signals["c"] = sig("c")
     healthy_one = rank(three, signals, ctx())
     assert order(healthy_one) == ["c"] and not healthy_one.last_resort
+
+
+def test_a_vanishing_service_rate_is_a_long_wait_not_an_infinite_one():
+    """A report's rate may be any positive float: 1e-300 made the wait inf, and
+    /debug/routes then wrote `Infinity`, which no JSON parser reads."""
+    import json
+
+    signals = {"a": sig("a", loads={"chat": load(queue=10**9, rate=1e-300)})}
+    (ranked,) = rank(route(plane("a", US_EAST)), signals, ctx()).ranked
+    assert 0 < ranked.queue_s < float("inf")
+    json.dumps(ranked.queue_s, allow_nan=False)

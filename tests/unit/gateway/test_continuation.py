@@ -198,3 +198,37 @@ def test_what_a_continuation_would_repeat_or_break_is_not_continued():
     t = StreamTracker(chat=True)
     t.feed(delta(reasoning_content="let me think"))
     assert t.why_not == "it was streaming reasoning"
+
+
+def test_a_response_format_type_of_any_json_shape_is_judged_not_raised():
+    """A list as the type raised TypeError (unhashable) in admission: a plain-text 500."""
+    user = [{"role": "user", "content": "hi"}]
+    for kind in (["x"], {"a": 1}, 3, None):
+        why = not_continuable(CHAT, {"messages": user, "response_format": {"type": kind}})
+        assert why == ("" if kind is None else "response_format is set")
+
+
+def test_the_continued_limits_are_the_ones_the_engine_reads():
+    """The limit left is what the engine would still generate: chat's
+    max_completion_tokens wins over max_tokens; a completion's null max_tokens is 16;
+    100.0 and "100" are 100; min_tokens shrinks with what was delivered (left as asked, the
+    engine refused min_tokens above the reduced max_tokens with a 400)."""
+
+    def after_two(path: str, payload: dict[str, object]) -> dict[str, object] | None:
+        t = StreamTracker(chat=path == CHAT)
+        if path == CHAT:
+            t.feed(delta(" a") + delta(" b"))
+        else:
+            t.feed(event({"choices": [{"index": 0, "text": " a"}]}) * 2)
+        return continuation(path, payload, t)
+
+    user = [{"role": "user", "content": "hi"}]
+    body = after_two(CHAT, {"messages": user, "max_tokens": 10, "max_completion_tokens": 100})
+    assert body is not None and body["max_completion_tokens"] == 98
+    body = after_two("/v1/completions", {"prompt": "x", "max_tokens": None})
+    assert body is not None and body["max_tokens"] == 14
+    for limit in (100.0, "100"):
+        body = after_two(CHAT, {"messages": user, "max_tokens": limit})
+        assert body is not None and body["max_tokens"] == 98
+    body = after_two(CHAT, {"messages": user, "max_tokens": 100, "min_tokens": 50})
+    assert body is not None and (body["max_tokens"], body["min_tokens"]) == (98, 48)

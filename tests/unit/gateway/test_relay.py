@@ -64,6 +64,16 @@ class ScriptedPlane(asyncio.Protocol):
         elif kind == "partial":  # a head promising 100 bytes, 10 of them, then gone
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
             self.transport.close()
+        elif kind == "sse_done_drop":  # a whole stream, [DONE] included, then the
+            # connection drops before the chunked terminator (a plane router killed then)
+            events = arg + b"data: [DONE]\n\n"
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(events), events)
+            )
+            self.transport.close()
+        elif kind == "head_stall":  # a head promising 100 bytes, 10 of them, then silence
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
         # "hang": nothing
 
 
@@ -373,6 +383,12 @@ async def test_with_keys_every_route_but_health_and_metrics_wants_one(fleet):
     status, _, body = await client.answer()
     assert status == 503 and "DE" in json.loads(body)["error"]["message"]
     assert a.requests == 2  # only the first request and k-us's reached a plane
+    # the ranking shown is the one the key's requests get: no US plane for k-de
+    status, _, body = await get(b"/debug/routes?model=chat", b"k-de")
+    seen = json.loads(body)
+    assert status == 200 and seen["ranking"] == [] and seen["allowed_jurisdictions"] == ["DE"]
+    status, _, body = await get(b"/debug/routes?model=chat&jurisdiction=US", b"k-de")
+    assert status == 400 and json.loads(body)["error"]["code"] == "jurisdiction_not_allowed"
 
 
 async def test_a_jurisdiction_header_must_be_a_short_list_of_country_codes(fleet):
@@ -440,3 +456,60 @@ async def test_when_the_attempts_run_out_on_planes_out_of_rotation_the_answer_is
     assert status == 503 and error["code"] == "no_healthy_plane", body
     assert "tried anyway" in error["message"]
     assert headers[b"content-type"].startswith(b"application/json")
+
+
+async def test_a_stream_whose_plane_drops_after_done_ends_once_without_an_error(fleet):
+    _front, a, b, client = fleet
+    finish = {"choices": [{"index": 0, "delta": {"content": " hi"}, "finish_reason": None}]}
+    stop = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    events = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in (finish, stop))
+    a.script.append(("sse_done_drop", events))
+    status, _, body = await client.ask(
+        {"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    )
+    assert status == 200
+    assert body.count(b"data: [DONE]") == 1 and b"error" not in body
+    assert b.requests == 0  # nothing was continued elsewhere
+
+
+async def test_stream_is_read_as_the_engine_reads_it_and_other_values_are_refused(fleet):
+    """vLLM takes "stream": "yes" or 1 for true: the gateway relays such a request as a
+    stream (event by event, continuable), not as one JSON answer; 2 or [1] is a clear 400."""
+    _front, a, _b, client = fleet
+    done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    a.script.append(("sse_done_drop", b"data: " + json.dumps(done).encode() + b"\n\n"))
+    user = [{"role": "user", "content": "x"}]
+    status, headers, body = await client.ask({"model": "chat", "messages": user, "stream": "yes"})
+    assert status == 200 and headers[b"content-type"].startswith(b"text/event-stream")
+    assert body.count(b"data: [DONE]") == 1
+    for bad in (2, [1], "maybe"):
+        status, _, body = await client.ask({"model": "chat", "messages": user, "stream": bad})
+        error = json.loads(body)["error"]
+        assert (
+            status == 400 and error["code"] == "invalid_stream" and "'stream'" in error["message"]
+        )
+
+
+async def test_asking_only_outside_the_deployments_jurisdictions_is_a_400_not_a_503(fleet):
+    """No plane could ever serve it: a 503 would be retried by the OpenAI SDKs for nothing."""
+    front, a, b, client = fleet
+    table = front.state.table
+    assert table is not None
+    only_us = table.deployments[0].model_copy(update={"jurisdictions": ["US"]})
+    again = table.model_copy(update={"generation": 2, "deployments": [only_us]})
+    assert front.state.apply_table(again.model_dump_json().encode())
+    client.send(extra=b"x-gpufleet-jurisdiction: DE\r\n")
+    status, _, body = await client.answer()
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "jurisdiction_not_allowed"
+    assert "only in US" in error["message"] and a.requests == b.requests + 1  # the warm-up only
+
+
+async def test_a_health_probe_whose_body_stalls_closes_its_connection(fleet):
+    """One connection leaked per probe while a plane sent a head and stalled its body."""
+    from workloadplane.gateway.prober import PlaneProber
+
+    front, _a, b, _client = fleet
+    b.script.append(("head_stall", b""))
+    await PlaneProber(front.state, timeout_s=0.2).probe(front.state.planes["b"])
+    await until(lambda: b.closed == 1)
