@@ -112,7 +112,9 @@ def gateway_user(gateway: str) -> str:
 
 
 def gateway_inbox_prefix(gateway: str) -> str:
-    return f"_INBOX_gateway-{check_cluster_name(gateway)}"
+    """Inbox prefix of a gateway: upper case, so that no cluster's `_INBOX_<name>` (lower
+    case only) can be it (`_INBOX_gateway-<name>` was a cluster named `gateway-<name>`'s)."""
+    return f"_INBOX_GW_{check_cluster_name(gateway)}"
 
 
 def check_cluster_name(name: str) -> str:

@@ -38,6 +38,9 @@ MAX_TEXT = 255
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 128, 256
 MAX_ENGINE_ARGS, MAX_ENGINE_ARG, MAX_ENGINE_ARGS_BYTES = 256, 4096, 32 * 1024
 MAX_NAMES = 256
+MAX_POOL_GPUS = 1_000_000  # more than any region holds; beyond it a count is a mistake
+MAX_NOTICE_SECONDS = 7 * 86_400
+MAX_REPLICAS = 10_000  # as a replica quota (controlplane.contracts.REPLICAS_MAX)
 """Lists and maps of names (a cluster's pools, allowed regions, traffic sources)."""
 MAX_GPU_TYPES, MAX_CERTIFICATIONS, MAX_SCHEDULE_WINDOWS = 32, 32, 64
 
@@ -177,17 +180,19 @@ class PoolSpec(Spec):
     region: Name
     gpu_type: GpuTypeName
     purchase_type: PurchaseType
-    gpus: int = Field(ge=0, description="GPUs in the pool now (held or immediately usable).")
+    gpus: int = Field(
+        ge=0, le=MAX_POOL_GPUS, description="GPUs in the pool now (held or immediately usable)."
+    )
     gpus_per_instance: int = Field(default=8, ge=1, le=64)
     instance_type: Annotated[str, _text(63)] | None = None
     price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
     term_start: datetime | None = None
     term_end: datetime | None = None
-    committed_gpus: int | None = Field(default=None, ge=0)
+    committed_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
     capacity_reservation_id: Annotated[str, _text(128)] | None = None
-    quota_gpus: int | None = Field(default=None, ge=0)
+    quota_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
     interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
-    notice_seconds: int | None = Field(default=None, ge=0)
+    notice_seconds: int | None = Field(default=None, ge=0, le=MAX_NOTICE_SECONDS)
 
     @field_validator("price_per_gpu_hour", "interruptions_per_hour")
     @classmethod
@@ -263,7 +268,7 @@ class ScheduleEntry(Spec):
     start: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
     end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
     timezone: Annotated[str, _text(64)] = "UTC"
-    min_replicas: int = Field(ge=0)
+    min_replicas: int = Field(ge=0, le=MAX_REPLICAS)
 
 
 def _was(name: str, old: str) -> AliasChoices:
@@ -295,8 +300,8 @@ class AutoscalingSpec(Spec):
     """The knobs of each plane's autoscaler, spelled and defaulted as in the contract
     (`contracts.AutoscalingPolicy`) that carries them to the agent."""
 
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1, ge=0, le=10_000)
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
     window_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -520,6 +525,28 @@ deployment's name ends so."""
 MAX_SHADOW_REPLICAS = 64
 
 
+PROMPT_LOGGING = ("--enable-log-requests", "--enable-log-outputs")
+"""vLLM flags that write prompts or completions to the engine's log: never stored or logged."""
+
+
+def checked_engine_args(args: list[str]) -> list[str]:
+    """Engine arguments that fit a snapshot and do not make the engine log prompts."""
+    size = sum(len(arg.encode()) for arg in args)
+    if size > MAX_ENGINE_ARGS_BYTES:
+        raise ValueError(
+            f"{size} bytes in all, above the limit of {MAX_ENGINE_ARGS_BYTES} bytes; pass "
+            "long values in a file the engine reads (e.g. --chat-template /path/to/file)"
+        )
+    for arg in args:  # vLLM reads --a_b as --a-b, and a long option by any unique prefix
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if len(name) > len("--enable-log-") and any(f.startswith(name) for f in PROMPT_LOGGING):
+            raise ValueError(
+                f"{arg.split('=', 1)[0]} makes the engine log prompts or completions, which "
+                "gpufleet never stores or logs: remove it (request metrics are in /metrics)"
+            )
+    return args
+
+
 class ShadowSpec(Spec):
     """A shadow revision beside the deployment (docs/rollouts.md#shadow-traffic): on every
     cluster the deployment is placed on, ``replicas`` replicas of the deployment's revision
@@ -547,13 +574,7 @@ class ShadowSpec(Spec):
     @field_validator("engine_args")
     @classmethod
     def _fits_a_snapshot(cls, v: list[str] | None) -> list[str] | None:
-        size = sum(len(arg.encode()) for arg in v or [])
-        if size > MAX_ENGINE_ARGS_BYTES:
-            raise ValueError(
-                f"{size} bytes in all, above the limit of {MAX_ENGINE_ARGS_BYTES} bytes; pass "
-                "long values in a file the engine reads (e.g. --chat-template /path/to/file)"
-            )
-        return v
+        return None if v is None else checked_engine_args(v)
 
 
 class DeploymentSpec(Spec):
@@ -601,13 +622,7 @@ class DeploymentSpec(Spec):
     @field_validator("engine_args")
     @classmethod
     def _fits_a_snapshot(cls, v: list[str]) -> list[str]:
-        size = sum(len(arg.encode()) for arg in v)
-        if size > MAX_ENGINE_ARGS_BYTES:
-            raise ValueError(
-                f"{size} bytes in all, above the limit of {MAX_ENGINE_ARGS_BYTES} bytes; pass "
-                "long values in a file the engine reads (e.g. --chat-template /path/to/file)"
-            )
-        return v
+        return checked_engine_args(v)
 
     @field_validator("gpu_types")
     @classmethod

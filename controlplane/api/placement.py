@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope, session_scope
@@ -15,7 +15,7 @@ from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
 from controlplane.services import what_if
 from controlplane.services.spend import limits_from
-from controlplane.specs import Role, Spec
+from controlplane.specs import MAX_POOL_GPUS, MAX_REPLICAS, Role, Spec
 
 CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining"}
 
@@ -29,21 +29,34 @@ class ClusterWhatIf(Spec):  # strict like every spec: no bool for a number, no c
 class PoolWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["pool"]
     name: str
-    gpus: int | None = Field(default=None, ge=0, description="GPUs usable now")
-    procurable_gpus: int | None = Field(default=None, ge=0)
+    gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS, description="GPUs usable now")
+    procurable_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
     removed: bool = Field(default=False, description="e.g. the reservation ends")
 
 
 class DeploymentWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["deployment"]
     name: str
-    replicas: int | None = Field(default=None, ge=0, description="wanted replicas")
-    min_replicas: int | None = Field(default=None, ge=0)
+    replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS, description="wanted replicas")
+    min_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
     priority: int | None = Field(default=None, ge=0, le=1000)
 
 
+def _kind(value: Any) -> str | None:
+    return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+
+
+Change = Annotated[
+    Annotated[ClusterWhatIf, Tag("cluster")]
+    | Annotated[PoolWhatIf, Tag("pool")]
+    | Annotated[DeploymentWhatIf, Tag("deployment")],
+    Discriminator(_kind),
+]
+
+
 class Preview(Spec):  # strict like every spec: no bool for a number, no control characters
-    changes: list[ClusterWhatIf | PoolWhatIf | DeploymentWhatIf] = Field(
+    # tagged by `kind`: a bad field is reported for its own kind only, not for all three
+    changes: list[Change] = Field(
         min_length=1, description="What to pretend, e.g. a cluster down or a reservation ending."
     )
 

@@ -33,6 +33,23 @@ def cluster_users(database_url: str) -> dict[str, Any]:
     }
 
 
+def _credentials(path: Path) -> Any:
+    """The NatsCredentials in ``path``; a broken file is named, its text never shown (a
+    validation error quotes the input: the password)."""
+    from pydantic import ValidationError
+
+    from controlplane.contracts import NatsCredentials
+    from controlplane.local.supervisor import UpError
+
+    try:
+        return NatsCredentials.model_validate_json(path.read_text())
+    except (ValidationError, OSError, UnicodeDecodeError):
+        raise UpError(
+            f"{path} is not a credentials file (damaged?): delete it and start again, "
+            "or stop the fleet and remove its data directory"
+        ) from None
+
+
 class Secrets:
     """Plain credentials the local fleet itself needs, each in a 0600 file under secrets/."""
 
@@ -50,13 +67,12 @@ class Secrets:
 
     def controlplane(self) -> Any:
         from controlplane.bus.credentials import generate_controlplane_credentials
-        from controlplane.contracts import NatsCredentials
 
         path = self.root / "nats-controlplane.json"
         if not path.exists():
             creds = generate_controlplane_credentials()
             self._write(path.name, {"user": creds.user, "password": creds.password})
-        return NatsCredentials.model_validate_json(path.read_text())
+        return _credentials(path)
 
     def save_admin_token(self, token: str) -> Path:
         """The admin token `up` made at the first start, kept at once: a start that fails
@@ -81,7 +97,7 @@ class Secrets:
         """A demo gateway's NATS credentials file and credentials (made on first use)."""
         import secrets
 
-        from controlplane.contracts import NatsCredentials, gateway_inbox_prefix, gateway_user
+        from controlplane.contracts import gateway_inbox_prefix, gateway_user
 
         path = self.root / f"gateway-{name}.json"
         if not path.exists():
@@ -93,4 +109,8 @@ class Secrets:
                     "inbox_prefix": gateway_inbox_prefix(name),
                 },
             )
-        return path, NatsCredentials.model_validate_json(path.read_text())
+        creds = _credentials(path)
+        if creds.inbox_prefix != gateway_inbox_prefix(name):  # made before the prefix moved
+            creds = creds.model_copy(update={"inbox_prefix": gateway_inbox_prefix(name)})
+            self._write(path.name, creds.model_dump())
+        return path, creds

@@ -23,6 +23,9 @@ def friendly(error_type: str, message: str) -> str:
         return "unknown field; remove it (check the spelling against the schema)"
     if error_type == "missing":
         return "is required; add it"
+    if error_type in ("union_tag_invalid", "union_tag_not_found"):  # a tagged union's `kind`
+        tags = message.rpartition("expected tags: ")[2]
+        return f"needs a 'kind' of {tags}" if tags != message else "needs an object with a 'kind'"
     return message
 
 

@@ -43,10 +43,17 @@ def read_login(path: Path) -> dict[str, str]:
 
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise ConnectionError_(
             f"cannot read {path}: {exc}; fix it or run `gpufleet login` again"
         ) from exc
+    except yaml.YAMLError as exc:  # never the file's text (the error quotes it): the token
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise ConnectionError_(
+            f"cannot read {path}: {problem}{where}; fix it or run `gpufleet login` again"
+        ) from None
     if not isinstance(data, dict):
         raise ConnectionError_(f"{path} is not a mapping; delete it and run `gpufleet login` again")
     return {k: str(v) for k, v in data.items() if k in ("url", "token") and v}

@@ -66,12 +66,27 @@ def test_a_chunked_body_without_a_length_is_cut_off_at_the_limit(admin):
         ("deployments", b.deployment(engine_args=["--chat-template=" + "x" * 4000] * 9),
          "engine_args", f"above the limit of {MAX_ENGINE_ARGS_BYTES} bytes"),
         ("deployments", b.deployment(model_revision="r" * 129), "model_revision", "at most 128"),
+        # prompts are never logged: not by the engine either
+        ("deployments", b.deployment(engine_args=["--max-model-len=512", "--enable_log_requests"]),
+         "engine_args", "makes the engine log prompts"),
         ("deployments", b.deployment(engine_image="i" * 256), "engine_image", "at most 255"),
         ("deployments", b.deployment(gpu_types=[f"G{i}" for i in range(33)]), "gpu_types", "at most 32"),
         ("deployments", b.deployment(traffic={f"r{i}": 1 for i in range(257)}), "traffic", "at most 256"),
         ("clusters", b.cluster("c2", pools=[f"p{i}" for i in range(257)]), "pools", "at most 256"),
         ("pools", b.pool("p-new", instance_type="t" * 64), "instance_type", "at most 63"),
         ("tokens", {"name": "t", "role": "viewer", "description": "d" * 256}, "description", "at most 255"),
+        # a count past a 32-bit column was a database error, a 500
+        ("pools", b.pool("p-new", gpus=2**31), "gpus", "1000000"),
+        ("pools", b.pool("p-new", quota_gpus=10**19), "quota_gpus", "1000000"),
+        ("deployments", b.deployment(autoscaling={"min_replicas": 10**12, "max_replicas": 4}),
+         "autoscaling.min_replicas", "10000"),
+        # the engine's arrays are 64-bit: 10**19 replicas raised OverflowError, a 500
+        ("placement/preview", {"changes": [{"kind": "deployment", "name": "chat-llm",
+                                            "replicas": 10**19}]}, "changes[0].deployment.replicas", "10000"),
+        ("placement/preview", {"changes": [{"kind": "pool", "name": "aws-use1-h100-od",
+                                            "gpus": 10**19}]}, "changes[0].pool.gpus", "1000000"),
+        ("placement/preview", {"changes": [{"kind": "pools", "name": "x"}]}, "changes[0]",
+         "needs a 'kind' of 'cluster', 'pool', 'deployment'"),
     ],
 )  # fmt: skip
 def test_a_field_above_its_limit_is_a_422_naming_field_and_limit(admin, path, body, field, hint):

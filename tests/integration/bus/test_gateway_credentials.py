@@ -115,7 +115,7 @@ async def test_a_gateway_reads_the_routing_table_and_the_planes_load(gbus: Gatew
         assert raw.data is not None and decode_routing_table(raw.data).generation == 3
         # a watch: a consumer filtered on the one key, delivered to the gateway's inbox
         inbox = nc.new_inbox()
-        assert inbox.startswith("_INBOX_gateway-edge.")
+        assert inbox.startswith("_INBOX_GW_edge.")
         sub = await nc.subscribe(inbox)
         resp = await nc.request(
             f"$JS.API.CONSUMER.CREATE.{ROUTES_STREAM}.gw.{ROUTES_SUBJECT}",

@@ -52,12 +52,23 @@ def test_rendered_config_is_valid_for_nats_server(tmp_path: Path):
 
 def test_gateway_permissions_are_read_only():
     creds = generate_gateway_credentials("edge-eu")
-    assert creds.user == "gateway-edge-eu" and creds.inbox_prefix == "_INBOX_gateway-edge-eu"
+    assert creds.user == "gateway-edge-eu" and creds.inbox_prefix == "_INBOX_GW_edge-eu"
     perms = gateway_permissions("edge-eu")
     # only the routes key's consumer create and direct get: no report subject, no KV write
     assert all(s.startswith("$JS.API.") and "KV_gpufleet_v1_routes" in s for s in perms.publish)
     assert all(s.endswith("$KV.gpufleet_v1_routes.table") for s in perms.publish)
-    assert perms.subscribe == ("gpufleet.v1.cluster.*.load", "_INBOX_gateway-edge-eu.>")
+    assert perms.subscribe == ("gpufleet.v1.cluster.*.load", "_INBOX_GW_edge-eu.>")
+
+
+def test_no_cluster_name_reaches_a_gateways_inbox():
+    """A cluster named `gateway-<g>` subscribed to gateway <g>'s inbox (both
+    `_INBOX_gateway-<g>`): it read the routing table's deliveries, and the gateway its
+    desired state's."""
+    for gateway in ("use1", "edge-eu"):
+        inbox = generate_gateway_credentials(gateway).inbox_prefix
+        for cluster in (f"gateway-{gateway}", gateway, f"gw-{gateway}"):
+            (grant,) = cluster_permissions(cluster).subscribe
+            assert not f"{inbox}.x".startswith(grant.removesuffix(">"))
 
 
 def test_rendered_config_with_gateways_is_valid_for_nats_server(tmp_path: Path):
