@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 
 from controlplane.contracts import (
@@ -16,7 +17,12 @@ from controlplane.contracts import (
 
 REPORTS_MAX_AGE_S = 7 * 24 * 3600.0
 """Reports older than this are dropped even if unconsumed (a week of control-plane outage)."""
+REPORTS_MAX_BYTES = 1024**3
+"""The stream's disk: a plane publishing in a loop (its own subjects are all it may use) pushes
+out the oldest reports instead of filling the control plane's disk; planes report their whole
+state again at every heartbeat, so what is lost is history, not state."""
 DUPLICATE_WINDOW_S = 120.0
+STREAM_NAME_IN_USE = 10058  # JetStream: a stream of that name exists with another config
 
 
 async def ensure_desired_bucket(js: JetStreamContext) -> KeyValue:
@@ -47,17 +53,24 @@ async def ensure_routes_bucket(js: JetStreamContext) -> KeyValue:
 
 
 async def ensure_reports_stream(js: JetStreamContext) -> None:
-    """The stream of observed state and facts from every cluster."""
-    await js.add_stream(
-        StreamConfig(
-            name=REPORTS_STREAM,
-            subjects=list(REPORTS_SUBJECTS),
-            storage=StorageType.FILE,
-            max_age=REPORTS_MAX_AGE_S,
-            duplicate_window=DUPLICATE_WINDOW_S,
-            description="gpufleet observed state and facts from workload planes",
-        )
+    """The stream of observed state and facts from every cluster, bounded on disk; one made
+    before its limits were set gets them."""
+    config = StreamConfig(
+        name=REPORTS_STREAM,
+        subjects=list(REPORTS_SUBJECTS),
+        storage=StorageType.FILE,
+        max_age=REPORTS_MAX_AGE_S,
+        max_bytes=REPORTS_MAX_BYTES,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        description="gpufleet observed state and facts from workload planes",
     )
+    try:
+        await js.add_stream(config)
+    except BadRequestError as exc:
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise
+        await js.update_stream(config)
 
 
 async def ensure_bus(js: JetStreamContext) -> KeyValue:

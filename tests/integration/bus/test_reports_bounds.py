@@ -1,0 +1,43 @@
+"""The reports stream is bounded on disk: a plane publishing in a loop on its own subjects
+(all its credentials allow) pushes out the oldest reports, it does not fill the control
+plane's disk; a stream made before the bound gets it. Real NATS JetStream."""
+
+from __future__ import annotations
+
+import pytest
+from nats.js.api import DiscardPolicy, StreamConfig
+
+from controlplane.bus import streams
+from controlplane.contracts import REPORTS_STREAM, REPORTS_SUBJECTS, fact_subject
+from tests.integration.bus.conftest import Bus
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+async def test_a_flooding_plane_fills_only_the_streams_bound(bus: Bus, monkeypatch):
+    info = await bus.js.stream_info(REPORTS_STREAM)
+    assert info.config.max_bytes == streams.REPORTS_MAX_BYTES
+    assert info.config.discard == DiscardPolicy.OLD
+
+    monkeypatch.setattr(streams, "REPORTS_MAX_BYTES", 64 * 1024)
+    await streams.ensure_reports_stream(bus.js)  # the bound changed: the stream follows
+    plane = await bus.connect(bus.clusters["a"], bus.errors)
+    try:
+        pjs = plane.jetstream(timeout=2.0)
+        for i in range(300):  # ~300 KiB, each fact on a subject of its own
+            await pjs.publish(fact_subject("a", f"junk{i}"), b"x" * 1024)
+        await pjs.publish(fact_subject("a", "last"), b"newest")
+    finally:
+        await plane.close()
+    info = await bus.js.stream_info(REPORTS_STREAM)
+    assert info.state.bytes <= 64 * 1024
+    newest = await bus.js.get_last_msg(REPORTS_STREAM, fact_subject("a", "last"))
+    assert newest.data == b"newest"  # the oldest went, not what came last
+
+
+async def test_a_stream_made_before_the_bound_gets_it(bus: Bus):
+    await bus.js.delete_stream(REPORTS_STREAM)
+    await bus.js.add_stream(StreamConfig(name=REPORTS_STREAM, subjects=list(REPORTS_SUBJECTS)))
+    await streams.ensure_reports_stream(bus.js)
+    info = await bus.js.stream_info(REPORTS_STREAM)
+    assert info.config.max_bytes == streams.REPORTS_MAX_BYTES
