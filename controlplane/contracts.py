@@ -59,6 +59,21 @@ MAX_PLANE_LOAD_BYTES = 256 * 1024
 """Largest load report a gateway accepts; a bigger one is dropped and counted."""
 
 
+SECRET_ENV_WORDS = ("PASSWORD", "SECRET", "CREDENTIAL", "CREDS", "PRIVATE_KEY", "ACCESS_KEY",
+                    "SESSION_TOKEN", "WEBHOOK")  # fmt: skip
+"""Words that mark an environment variable as a secret no workload-plane process (agent,
+router, gateway, engine) inherits: cloud keys (AWS_SECRET_ACCESS_KEY, AZURE_CLIENT_SECRET,
+GOOGLE_APPLICATION_CREDENTIALS), a provider's `credentials_ref: env:NAME` when NAME says
+what it is (docs/procurement.md), the events webhook. HF_TOKEN stays: engines load models
+with it."""
+
+
+def secret_env(name: str) -> bool:
+    """Whether the environment variable ``name`` is a secret (SECRET_ENV_WORDS)."""
+    upper = name.upper()
+    return any(word in upper for word in SECRET_ENV_WORDS)
+
+
 def desired_key(cluster: str) -> str:
     """KV key of a cluster's desired state."""
     return check_cluster_name(cluster)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane.contracts import secret_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -89,8 +91,12 @@ class Child:
     def start(self, base_env: dict[str, str], log_dir: Path, now: float) -> None:
         log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            if self.plane:
-                base_env = {k: v for k, v in base_env.items() if k not in CONTROL_PLANE_SECRETS}
+            if self.plane:  # nor the operator's cloud keys and the like (secret_env)
+                base_env = {
+                    k: v
+                    for k, v in base_env.items()
+                    if k not in CONTROL_PLANE_SECRETS and not secret_env(k)
+                }
             self.process = subprocess.Popen(
                 self.argv,
                 env={**base_env, **self.env},

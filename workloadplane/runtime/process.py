@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.contracts import ReplicaState, ReplicaStatus, RevisionSpec, utcnow
+from controlplane.contracts import ReplicaState, ReplicaStatus, RevisionSpec, secret_env, utcnow
 from workloadplane.runtime.base import InFlightCounter, ReplicaWatcher
 from workloadplane.runtime.gpus import GpuAllocator
 from workloadplane.runtime.templates import CommandTemplate
@@ -452,13 +452,12 @@ class ProcessRuntime:
 def _engine_environ() -> dict[str, str]:
     """The agent's environment as an engine gets it: without gpufleet's own settings (the
     NATS and database credentials among them: an engine runs model code) nor any
-    ``*PASSWORD*``; its log format and level stay). ``HF_TOKEN`` and the like stay too:
-    engines load models with them."""
+    secret (``contracts.secret_env``: passwords, cloud keys); its log format and level stay).
+    ``HF_TOKEN`` and the like stay too: engines load models with them."""
     return {
         k: v
         for k, v in os.environ.items()
-        if (not k.startswith("GPUFLEET_") or k.startswith("GPUFLEET_LOG_"))
-        and "PASSWORD" not in k.upper()
+        if (not k.startswith("GPUFLEET_") or k.startswith("GPUFLEET_LOG_")) and not secret_env(k)
     }
 
 

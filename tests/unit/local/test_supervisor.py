@@ -131,6 +131,12 @@ def test_a_workload_plane_process_gets_none_of_the_control_planes_credentials(tm
         "GPUFLEET_DATABASE_URL": "postgresql://gpufleet:cp-secret@127.0.0.1/gpufleet",
         "GPUFLEET_REDIS_URL": "redis://127.0.0.1:1/0",
         "GPUFLEET_NATS_URL": "nats://127.0.0.1:4222",
+        # the operator's cloud keys and a provider's `credentials_ref: env:` JSON
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/x.json",
+        "AWS_MAIN_CREDS": '{"aws_secret_access_key": "k"}',
+        "GPUFLEET_EVENTS_WEBHOOK_TOKEN": "t",
+        "HF_TOKEN": "hf",
     }
     dump = [sys.executable, "-c", "import os, sys; sys.stdout.write(repr(sorted(os.environ)))"]
     seen = {}
@@ -139,9 +145,12 @@ def test_a_workload_plane_process_gets_none_of_the_control_planes_credentials(tm
         child.start(base, tmp_path, now=0.0)
         assert child.process is not None and child.process.wait(30) == 0
         seen[name] = (tmp_path / f"{name}.log").read_text()
-    for secret in ("GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "GPUFLEET_REDIS_URL"):
-        assert secret not in seen["agent-use1"] and secret in seen["api"]
+    for secret in ("GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "GPUFLEET_REDIS_URL",
+                   "AWS_SECRET_ACCESS_KEY", "GOOGLE_APPLICATION_CREDENTIALS", "AWS_MAIN_CREDS",
+                   "GPUFLEET_EVENTS_WEBHOOK_TOKEN"):  # fmt: skip
+        assert f"'{secret}'" not in seen["agent-use1"] and f"'{secret}'" in seen["api"]
     assert "GPUFLEET_NATS_URL" in seen["agent-use1"]  # where NATS is stays
+    assert "'HF_TOKEN'" in seen["agent-use1"]  # engines load models with it
 
 
 def test_up_starts_agents_routers_and_gateways_as_workload_plane_processes(tmp_path):

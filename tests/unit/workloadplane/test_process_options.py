@@ -60,3 +60,19 @@ def test_a_router_url_with_a_path_is_taken_as_its_host_and_port():
 
     url = _endpoint("http://127.0.0.1:8001/v1")  # accepted, as the help says ...
     assert host_port(url) == ("127.0.0.1", 8001)  # ... and what the agent dials
+
+
+def test_an_engine_inherits_no_secret_of_the_agents_environment(monkeypatch):
+    """An engine runs model code: gpufleet's settings, passwords and cloud keys stay with
+    the agent; the log settings and HF_TOKEN (to load models) go with it."""
+    from workloadplane.runtime.process import _engine_environ
+
+    for name in ("GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "AWS_SECRET_ACCESS_KEY",
+                 "AZURE_CLIENT_SECRET", "PG_PASSWORD", "LAMBDA_CREDS"):  # fmt: skip
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("GPUFLEET_LOG_FORMAT", "json")
+    monkeypatch.setenv("HF_TOKEN", "hf")
+    env = _engine_environ()
+    assert not {"GPUFLEET_NATS_PASSWORD", "GPUFLEET_DATABASE_URL", "AWS_SECRET_ACCESS_KEY",
+                "AZURE_CLIENT_SECRET", "PG_PASSWORD", "LAMBDA_CREDS"} & set(env)  # fmt: skip
+    assert env["GPUFLEET_LOG_FORMAT"] == "json" and env["HF_TOKEN"] == "hf"
