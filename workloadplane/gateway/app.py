@@ -13,6 +13,7 @@ are relayed event by event and, if the plane dies mid-stream, continued on anoth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -304,10 +305,22 @@ class GatewayApp:
         head, path, model = a.head, a.path, a.model
         rid = (b"x-request-id", head.request_id)
         client = ClientWatch(receive)
+        # a client that leaves while the plane has not answered yet (queued there, or
+        # scaling from zero) takes its request with it: the plane would run it for nobody
+        opening = asyncio.ensure_future(
+            self._open(model, path, a.forward, a.body, a.stream, a.region, a.asked, tried)
+        )
+        gone = client.gone()
+        await asyncio.wait((opening, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not opening.done():
+            opening.cancel()  # closes the upstream connection: the plane drops the request
+            with contextlib.suppress(asyncio.CancelledError, Refused, UpstreamError):
+                await opening
+            client.close()
+            self._served(a, "", 499, time.perf_counter() - a.arrived, 0)
+            return
         try:
-            opened = await self._open(
-                model, path, a.forward, a.body, a.stream, a.region, a.asked, tried
-            )
+            opened = opening.result()
         except Refused as exc:
             client.close()
             self.metrics.request_size.labels(model).observe(a.size)
@@ -422,6 +435,9 @@ class GatewayApp:
                     self.state.failed(plane.cluster, str(exc))
                 self.metrics.failovers.labels("before_first_byte").inc()
                 continue
+            except BaseException:  # cancelled: the client left
+                plane.attempts.discard(attempt)
+                raise
             attempt.cancel = None
             # the last attempt's "busy" goes to the client as it is (its 429 and retry-after),
             # not as a 502 for a plane that answered
@@ -457,14 +473,40 @@ class GatewayApp:
         continue it on another plane (one stream, no repeated or missing text, one
         ``[DONE]``), or end it with an OpenAI-shaped error event when it cannot be.
         Returns the bytes of events relayed."""
-        path, payload, cannot, region, asked, forward = request
         headers = [(n, v) for n, v in opened.resp.headers if n not in _DROP_RESPONSE]
         await send({"type": "http.response.start", "status": 200, "headers": headers + ours})
         await send(FLUSH)
-        sent = 0
         gone = client.gone()
+        current = [opened]
+
+        def left(_: object) -> None:  # a silent plane's stream ends when its client leaves
+            if not gone.cancelled():
+                current[0].resp.cut("the client left")
+
+        gone.add_done_callback(left)
+        try:
+            return await self._relay_stream(
+                opened, send, gone, current, tried_first=opened.plane.cluster, request=request
+            )
+        finally:
+            gone.remove_done_callback(left)
+
+    async def _relay_stream(
+        self,
+        opened: _Opened,
+        send: Send,
+        gone: asyncio.Future[Any],
+        current: list[_Opened],
+        *,
+        tried_first: str,
+        request: tuple[
+            str, dict[str, Any], str, str | None, frozenset[str], list[tuple[bytes, bytes]]
+        ],
+    ) -> int:
+        path, payload, cannot, region, asked, forward = request
+        sent = 0
         tracker = StreamTracker.of(path, payload)
-        tried = {opened.plane.cluster}
+        tried = {tried_first}
         hard: set[str] = set()
         """Planes whose connection broke: never asked to continue this stream again."""
         moves = 0
@@ -481,6 +523,8 @@ class GatewayApp:
                 if not tracker.done:
                     broken = tracker.upstream_error or "the plane ended the stream without [DONE]"
             except UpstreamError as exc:
+                if gone.done():
+                    raise ClientGoneError from None
                 # after [DONE] the answer is whole: only the chunked end was lost (continued
                 # or failed, the client would get a second [DONE] or an error after it)
                 broken = "" if tracker.done else str(exc)
@@ -512,6 +556,7 @@ class GatewayApp:
                         str(payload["model"]), path, forward, body, region, asked, (tried, hard)
                     )
                     if opened.resp.status == 200:
+                        current[0] = opened
                         self.metrics.failovers.labels("mid_stream").inc()
                         continue
                     why = f"plane {opened.plane.cluster} answered {opened.resp.status}"

@@ -72,6 +72,9 @@ class Limits:
     server: str = "router"
     """What the limit messages call this server ("router" or "gateway"): the 413 names
     that command's --max-body-bytes."""
+    write_stall_s: float = 120.0
+    """A client that reads nothing of its answer this long (its side full) is cut off: it
+    held the exchange, its upstream connection and the engine's work for good."""
 
 
 class Exchange(Protocol):
@@ -170,6 +173,7 @@ class Connection(asyncio.Protocol):
         self._gone: asyncio.Future[None] | None = None
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._stall: asyncio.TimerHandle | None = None
 
     # --- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -180,6 +184,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self.server.connections.discard(self)
         self.pending.clear()
         if self._gone is not None and not self._gone.done():
@@ -217,8 +224,13 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        if self._stall is None:
+            self._stall = self.loop.call_later(self.server.limits.write_stall_s, self._stalled)
 
     def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self._resume_writing()
 
     # --- parser callbacks ---------------------------------------------------------------
@@ -499,6 +511,14 @@ class Connection(asyncio.Protocol):
     async def _wait_drained(self) -> None:
         self._drained = self.loop.create_future()
         await self._drained
+
+    def _stalled(self) -> None:
+        """The client read nothing for ``write_stall_s`` with its side full: cut it off
+        (abort, not close: close waits to flush what it will never read); the exchange
+        sees it gone, as on any disconnect."""
+        self._stall = None
+        if self._paused and self.transport is not None and not self.closed:
+            self.transport.abort()
 
     def close_if_idle(self) -> bool:
         if not self.busy and not self.pending:

@@ -74,6 +74,11 @@ class ScriptedPlane(asyncio.Protocol):
             self.transport.close()
         elif kind == "head_stall":  # a head promising 100 bytes, 10 of them, then silence
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+        elif kind == "sse_silent":  # a stream's head and first event, then silence
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(arg), arg)
+            )
         # "hang": nothing
 
 
@@ -329,6 +334,40 @@ async def test_a_client_that_leaves_closes_its_request_at_the_plane(fleet):
     client.writer.close()
     await until(lambda: a.closed > closed)  # the plane sees the request's connection go
     assert not front.state.planes["a"].attempts
+    gone = front.state.metrics.registry.get_sample_value(
+        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "499"}
+    )
+    assert gone == 1
+
+
+async def test_a_stream_whose_client_leaves_before_the_head_is_dropped_at_the_plane(fleet):
+    """The task path (a stream) waited for the plane's head whatever the client did: a
+    plane queueing the request ran it for nobody, a hung one held it for good."""
+    front, a, _, client = fleet
+    a.script.append(("hang", b""))
+    client.send({"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True})
+    await until(lambda: a.requests == 2)
+    closed = a.closed
+    client.writer.close()
+    await until(lambda: a.closed > closed)
+    await until(lambda: not front.state.planes["a"].attempts)
+    gone = front.state.metrics.registry.get_sample_value(
+        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "", "code": "499"}
+    )
+    assert gone == 1
+
+
+async def test_a_silent_stream_ends_at_the_plane_when_its_client_leaves(fleet):
+    """A stream whose plane went quiet (hung) was only checked for its client after the
+    next chunk: none came, and the task and both connections were held for good."""
+    front, a, _, client = fleet
+    a.script.append(("sse_silent", b'data: {"choices": []}\n\n'))
+    client.send({"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True})
+    await asyncio.wait_for(client.reader.readuntil(b"data: "), 5)  # the stream has begun
+    closed = a.closed
+    client.writer.close()
+    await until(lambda: a.closed > closed)
+    await until(lambda: not front.state.planes["a"].attempts)
     gone = front.state.metrics.registry.get_sample_value(
         "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "499"}
     )

@@ -218,3 +218,39 @@ async def test_a_short_answer_relayed_whole_goes_out_in_one_write_and_keeps_its_
             assert relayed.tail == b"POST /p %d" % i
         pool.close()
     assert pool.connections_opened == 1
+
+
+async def test_a_client_that_reads_nothing_of_a_long_answer_is_cut_off():
+    """With its side full, a client that never read held the exchange (and, at the gateway
+    or router, its upstream connection and the engine's work) for good."""
+    from workloadplane.router.httpserver import Limits
+
+    ended: list[str] = []
+
+    async def flood(scope, receive, send) -> None:
+        await receive()
+        gone = asyncio.ensure_future(receive())  # as the router's ClientWatch does
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            for _ in range(10_000):  # 640 MB: far more than the sockets hold
+                await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+                if gone.done():
+                    break
+        finally:
+            ended.append("flood")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    server = HttpServer(flood, limits=Limits(write_stall_s=0.3))
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")  # and never reads
+        async with asyncio.timeout(10):
+            while not ended:
+                await asyncio.sleep(0.02)
+        assert not server.connections  # cut off
+    finally:
+        sock.close()
+        await server.close(grace_s=1)
