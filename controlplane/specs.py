@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
 from itertools import pairwise
 from typing import Annotated, Any, Self
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     AnyHttpUrl,
     BaseModel,
@@ -67,8 +69,26 @@ def _text(max_length: int = MAX_TEXT) -> Any:
     return StringConstraints(max_length=max_length)
 
 
+def _utc_in_range(v: datetime) -> datetime:
+    """A time as stored: in UTC (a time without an offset is read as UTC), within years
+    1970-2999 (PostgreSQL stores year 10000 but cannot read it back: a row nothing could
+    read, change or delete)."""
+    try:
+        v = v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 across the offset
+        v = datetime.min.replace(tzinfo=UTC)
+    if not 1970 <= v.year <= 2999:
+        raise ValueError("must be between 1970 and 2999 (UTC); fix the year")
+    return v
+
+
+When = Annotated[datetime, AfterValidator(_utc_in_range)]
+"""A point in time in a spec: UTC, 1970-2999."""
+
+
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # no Infinity/NaN (Python's JSON reads them; PostgreSQL's jsonb and JSON itself do not)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -186,12 +206,14 @@ class PoolSpec(Spec):
     gpus_per_instance: int = Field(default=8, ge=1, le=64)
     instance_type: Annotated[str, _text(63)] | None = None
     price_per_gpu_hour: Decimal = Field(ge=0, max_digits=14, decimal_places=6)
-    term_start: datetime | None = None
-    term_end: datetime | None = None
+    term_start: When | None = None
+    term_end: When | None = None
     committed_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
     capacity_reservation_id: Annotated[str, _text(128)] | None = None
     quota_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
-    interruptions_per_hour: Decimal | None = Field(default=None, ge=0, max_digits=10)
+    interruptions_per_hour: Decimal | None = Field(
+        default=None, ge=0, le=Decimal("9999.999999"), max_digits=10
+    )
     notice_seconds: int | None = Field(default=None, ge=0, le=MAX_NOTICE_SECONDS)
 
     @field_validator("price_per_gpu_hour", "interruptions_per_hour")
@@ -258,6 +280,8 @@ class ClusterSpec(Spec):
                 "give the router's base URL only (scheme, host, port, path): no query, "
                 "fragment or user:password"
             )
+        if v is not None and len(str(v)) > MAX_TEXT:  # quoting may lengthen what was short
+            raise ValueError(f"is {len(str(v))} characters once URL-quoted; at most {MAX_TEXT}")
         return v
 
 
@@ -269,6 +293,18 @@ class ScheduleEntry(Spec):
     end: Annotated[str, StringConstraints(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")]
     timezone: Annotated[str, _text(64)] = "UTC"
     min_replicas: int = Field(ge=0, le=MAX_REPLICAS)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        """An IANA zone the agents can read (one they cannot was skipped with a log line)."""
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"'{v:.64}' is not an IANA time zone; use e.g. UTC, Europe/Berlin, America/New_York"
+            ) from None
+        return v
 
 
 def _was(name: str, old: str) -> AliasChoices:
@@ -650,7 +686,7 @@ class TokenSpec(Spec):
     name: Name
     role: Role
     description: str | None = Field(default=None, max_length=255)
-    expires_at: datetime | None = None
+    expires_at: When | None = None
 
 
 class ApiPriceSpec(Spec):

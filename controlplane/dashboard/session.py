@@ -85,7 +85,8 @@ async def read_form(request: Request) -> dict[str, str]:
 def check_write(request: Request, principal: Principal, role: Role, sent: str | None) -> None:
     """Every write: the session's CSRF value, the same origin, and the role it needs."""
     token = session_token(request) or ""
-    if not sent or not hmac.compare_digest(sent, csrf_for(token)):
+    # as bytes: compare_digest refuses non-ASCII str (a TypeError, a 500, for `csrf=é`)
+    if not sent or not hmac.compare_digest(sent.encode(), csrf_for(token).encode()):
         raise Forbidden("the form's CSRF value is missing or stale; reload the page and retry")
     origin = request.headers.get("origin")
     if origin and origin != f"{request.url.scheme}://{request.url.netloc}":

@@ -4,6 +4,7 @@ and an object a demanding user writes still fits."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -85,6 +86,17 @@ def test_a_chunked_body_without_a_length_is_cut_off_at_the_limit(admin):
                                             "replicas": 10**19}]}, "changes[0].deployment.replicas", "10000"),
         ("placement/preview", {"changes": [{"kind": "pool", "name": "aws-use1-h100-od",
                                             "gpus": 10**19}]}, "changes[0].pool.gpus", "1000000"),
+        # a year PostgreSQL stores but cannot read back: the row was a 500 on every read
+        ("pools", b.reserved_pool(term_end="9999-12-31T23:59:59-01:00"), "term_end", "1970 and 2999"),
+        ("tokens", {"name": "t", "role": "viewer", "expires_at": "0001-01-01T00:00:00+01:00"},
+         "expires_at", "1970 and 2999"),
+        ("pools", b.pool("p-spot", purchase_type="spot", interruptions_per_hour=10000),
+         "interruptions_per_hour", "9999.999999"),
+        ("clusters", b.cluster("c2", endpoint="http://router.example/" + "<" * 200), "endpoint",
+         "once URL-quoted"),
+        ("deployments", b.deployment(autoscaling={"min_replicas": 1, "max_replicas": 4, "schedule": [
+            {"start": "09:00", "end": "17:00", "timezone": "Mars/Olympus", "min_replicas": 2}]}),
+         "autoscaling.schedule[0].timezone", "not an IANA time zone"),
         ("placement/preview", {"changes": [{"kind": "pools", "name": "x"}]}, "changes[0]",
          "needs a 'kind' of 'cluster', 'pool', 'deployment'"),
     ],
@@ -128,3 +140,27 @@ def test_an_object_stored_before_the_limits_stays_readable_and_must_shrink_to_ch
     assert refused.status_code == 422
     assert "labels" in {e["field"] for e in refused.json()["errors"]}
     assert admin.patch("providers/aws-main", {"labels": None}).status_code == 200
+
+
+def test_a_time_without_an_offset_is_read_as_utc_not_a_500(admin):
+    """A naive term_end next to an aware term_start raised TypeError (a 500) comparing them."""
+    b.seed(admin)
+    body = b.reserved_pool(term_start="2026-01-01T00:00:00Z", term_end="2027-01-01T00:00:00")
+    response = admin.post("pools", body)
+    assert response.status_code == 201, response.text
+    assert admin.get(f"pools/{body['name']}").json()["term_end"].startswith("2027-01-01T00:00:00")
+
+
+def test_infinity_which_python_reads_as_json_is_a_422_not_a_500(admin):
+    """PostgreSQL's jsonb (and JSON itself) has no Infinity: stored, it was a 500."""
+    b.seed(admin)
+    raw = b.deployment(traffic={"r": 1.0})
+    body = json.dumps(raw).replace('"r": 1.0', '"r": Infinity').encode()
+    response = admin.client.post(
+        "/api/v1/deployments",
+        headers=admin.headers | {"Content-Type": "application/json"},
+        content=body,
+    )
+    assert response.status_code == 422, response.text
+    fields = {e["field"]: e["message"] for e in response.json()["errors"]}
+    assert "finite" in fields["traffic.r"]
