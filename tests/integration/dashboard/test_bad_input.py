@@ -53,7 +53,7 @@ def test_writes_need_the_csrf_value_the_role_and_sane_fields(app_client, tokens)
     assert client.post("/tokens", data={"name": "a", "role": "viewer"}).status_code == 403
     assert client.post("/tokens", data={"csrf": csrf_for("other"), "name": "a"}).status_code == 403
     assert client.post("/tokens", data={"csrf": "é", "name": "a"}).status_code == 403  # was 500
-    odd = {"X-CSRF-Token": "é".encode()}  # non-ASCII bytes: Starlette reads them as latin-1
+    odd = {b"X-CSRF-Token": "é".encode()}  # non-ASCII bytes: Starlette reads them as latin-1
     assert client.post("/playground/stream", content=b"{}", headers=odd).status_code == 403
     bad_name = client.post("/tokens", data={"csrf": csrf, "name": "Not A Name", "role": "x"})
     assert bad_name.status_code == 400
