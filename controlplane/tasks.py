@@ -246,7 +246,8 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
         the stable revision's spec back, which placement may size differently."""
         w = worker()
         with transaction(w.procurement.factory) as session:
-            moved = rollouts.tick(session, datetime.now(UTC))
+            stale_after = timedelta(seconds=w.settings.cluster_stale_after_s)
+            moved = rollouts.tick(session, datetime.now(UTC), stale_after)
         if moved:
             log.info("rollouts moved: %s", ", ".join(f"{d} {p}" for d, p in moved.items()))
         back = sorted(d for d, phase in moved.items() if phase == "rolled_back")

@@ -41,7 +41,10 @@ def note_interruption(
     notice = pool.notice_seconds or (policy or Policy()).default_notice_s
     # a deadline already past means now (a reported one could be year 1, which the
     # agent's drain-lead arithmetic cannot take)
-    until = max(deadline, now) if deadline is not None else now + timedelta(seconds=notice)
+    # and one far ahead (a skewed or forged plane clock) is the pool's notice: drained
+    # for good, the instance was billed beside its replacement
+    longest = now + timedelta(seconds=notice)
+    until = min(max(deadline, now), longest) if deadline is not None else longest
     inst.state, inst.drain_deadline = "draining", until
     event(
         session,

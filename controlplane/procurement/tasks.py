@@ -281,6 +281,9 @@ def _reconcile(d: Deps, counts: dict[str, int]) -> None:
     with transaction(d.factory) as session:  # all, not only those holding: orphans too
         rows = store.providers_with_pools(session)
     for prow in rows:
+        # the time of the listing, not of after it: a worker frozen between the two took
+        # an instance acquired meanwhile (not listed then) for one gone past its grace
+        listed_at = d.clock()
         try:
             provider = d.providers(prow)
             listed = provider.list_instances()
@@ -289,7 +292,7 @@ def _reconcile(d: Deps, counts: dict[str, int]) -> None:
             continue
         with transaction(d.factory) as session:
             instances = store.instances_of(session, prow.id)
-        todo = repair(instances, listed, d.clock(), d.policy)
+        todo = repair(instances, listed, listed_at, d.policy)
         with transaction(d.factory) as session:
             counts["adopted"] += sum(store.record_adopted(session, a) for a in todo.adopt)
             counts["gone"] += sum(store.record_gone(session, row_id) for row_id in todo.gone)

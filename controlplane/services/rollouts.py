@@ -10,6 +10,7 @@ serve the deployment (their lane and stable entries change). Callers own the tra
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,9 +27,13 @@ from controlplane.db.columns import (
     rollout_state,
 )
 from controlplane.errors import Conflict, NotFound
+from controlplane.liveness import evidence_horizon
 from controlplane.services import audit, rollout_windows
+from controlplane.services.clusters import bus_progress
 from controlplane.services.desired import bump_desired, clusters_serving
 from controlplane.specs import REVISION_FIELDS, RolloutStrategy
+
+log = logging.getLogger(__name__)
 
 BEFORE = "before_switch"
 """`last_windows` key: the stable revision's window up to the switch to a step that gives
@@ -303,10 +308,21 @@ def _restore_stable(deployment: m.Deployment, row: m.Rollout) -> None:
     deployment.generation += 1
 
 
-def tick(session: Session, now: datetime) -> dict[str, str]:
+def tick(
+    session: Session, now: datetime, stale_after: timedelta = timedelta(seconds=15)
+) -> dict[str, str]:
     """One look at every running rollout: deployment name → the phase it moved to, for the
     rollouts whose phase or step moved. Locks as a write does, the deployment then its
-    rollout; one that a write or another worker holds is skipped until the next tick."""
+    rollout; one that a write or another worker holds is skipped until the next tick.
+
+    Nothing moves while the bus process is behind the reports stream (frozen, dead or
+    slow: ``liveness.evidence_horizon``): the planes' outcome counters stop there, and a
+    window with too few requests passes its gates — a failing revision was promoted
+    while its errors sat unread in the stream."""
+    _horizon, behind = evidence_horizon(now, bus_progress(session), stale_after)
+    if behind is not None:
+        log.info("rollouts held: %s", behind)
+        return {}
     ids = session.scalars(
         select(m.Rollout.deployment_id).where(
             m.Rollout.finished_at.is_(None), m.Rollout.phase != canary.Phase.PAUSED.value

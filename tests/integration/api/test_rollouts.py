@@ -7,7 +7,7 @@ re-plan would write them), its rollout strategy canary with a short hold.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -460,3 +460,24 @@ def test_an_idle_step_passes_when_its_hold_is_over_and_the_event_says_so(world, 
     assert rollout["reason"] == "25% passed (idle: 40 requests in the window, nothing to judge)"
     events = world.get("events", type="RolloutScaling").json()["items"]
     assert "idle: 40 requests" in events[0]["message"]
+
+
+def test_nothing_moves_while_the_bus_process_is_behind_the_reports(world, session_factory):
+    """Frozen or dead, the bus process reads no outcome counters: a window with too few
+    requests passes its gates, and a failing revision was promoted while its errors sat
+    unread in the stream. The rollouts wait until it has caught up."""
+    from controlplane.services.clusters import record_bus_progress
+
+    _new_revision(world)
+    _heartbeat(session_factory, "a", stable=0, lane=0)
+    assert _tick(session_factory) == ["chat"]  # holding at 25 %
+    _heartbeat(session_factory, "a", stable=30, lane=10)
+    stalled = datetime.now(UTC) - timedelta(seconds=60)
+    with session_factory() as s, s.begin():
+        record_bus_progress(s, "gpufleet-controlplane", stalled, stalled, 9, 5, 4)
+    assert _tick(session_factory) == []  # held: the gates would read a blind window
+    assert world.get("deployments/chat/rollout").json()["step"] == 0
+    now = datetime.now(UTC)
+    with session_factory() as s, s.begin():
+        record_bus_progress(s, "gpufleet-controlplane", now, now, 9, 9, 0)
+    assert _tick(session_factory) == ["chat"]  # caught up: on it goes

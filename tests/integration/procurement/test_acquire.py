@@ -212,3 +212,27 @@ def test_an_instance_of_a_failed_request_is_deleted_when_its_provider_holds_noth
     assert len(local.list_instances()) == 1
     counts = tasks.reconcile_run(d)
     assert counts["orphans"] == 1 and local.list_instances() == []
+
+
+def test_an_instance_acquired_while_a_sweep_was_frozen_is_not_taken_for_gone(
+    factory, fleet, local, sent, clock, monkeypatch
+):
+    """The sweep lists, is frozen (SIGSTOP) two minutes, and meanwhile another worker
+    acquires an instance: not in the old listing, and judged against the clock after the
+    freeze it was past its grace, marked gone and then deleted as an orphan."""
+    pool = fleet.pool()
+    d = make_deps(factory, local, sent, clock)
+    listing, frozen = local.list_instances, []
+
+    def list_then_freeze():
+        seen = listing()
+        if not frozen:
+            frozen.append(True)
+            clock.advance(120)
+            assert tasks.acquire_run(d, pool, 1, "task-meanwhile").acquired
+        return seen
+
+    monkeypatch.setattr(local, "list_instances", list_then_freeze)
+    counts = tasks.reconcile_run(d)
+    (row,) = rows(factory)
+    assert counts["gone"] == 0 and row.state == "running"

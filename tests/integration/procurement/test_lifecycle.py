@@ -96,6 +96,24 @@ def test_the_agents_spot_fact_drains_the_instance(factory, deps, fleet, sent):
     assert (inst.state, inst.drain_deadline) == ("draining", deadline)
 
 
+def test_a_spot_deadline_far_ahead_is_held_to_the_pools_notice(factory, deps, fleet, sent):
+    """A plane's clock far ahead (or a forged fact) drained the instance for good: billed
+    beside its replacement, never released."""
+    pool = fleet.pool(purchase="spot")
+    carry_out(deps, plan(deps, {pool: 8}))
+    (inst,) = instances(factory, pool)
+    fact = SpotInterruptionNoticed(
+        source="cluster/plane-1",
+        cluster="plane-1",
+        instance_id=str(inst.provider_instance_id),
+        deadline=datetime(9999, 1, 1, tzinfo=deps.clock().tzinfo),
+    )
+    assert DbSink(factory)._fact("plane-1", fact, deps.clock()) == "spot_interruption_noticed"
+    inst = instance(factory, inst.id)
+    notice = timedelta(seconds=deps.policy.default_notice_s)  # the pool sets none
+    assert inst.state == "draining" and inst.drain_deadline == deps.clock() + notice
+
+
 def test_a_plane_cannot_drain_or_cordon_another_planes_instance(factory, deps, fleet, sent):
     """Notices name an instance by id: one held for another cluster (or a made-up id) is
     refused and counted, and the instance is left as it was (before, plane-2 could drain
