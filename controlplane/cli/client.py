@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -60,17 +61,26 @@ DEFAULT_TIMEOUT_S = 15.0
 def answer_timeout_s() -> float:
     configured = os.environ.get("GPUFLEET_CLI_TIMEOUT", "")
     try:
-        return float(configured) if configured else DEFAULT_TIMEOUT_S
+        value = float(configured) if configured else DEFAULT_TIMEOUT_S
     except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:  # nan, inf, 0 and below were a traceback at the first request
         raise CliError(
-            f"GPUFLEET_CLI_TIMEOUT={configured!r} is not a number of seconds; set e.g. 30"
-        ) from None
+            f"GPUFLEET_CLI_TIMEOUT={configured!r} is not a number of seconds from 0 to 3600; "
+            "set e.g. 30"
+        )
+    return value
 
 
 class Client:
     def __init__(self, context: Context, timeout_s: float | None = None) -> None:
         self.url = context.url
         self.timeout_s = answer_timeout_s() if timeout_s is None else timeout_s
+        if context.token and not context.token.isascii():  # httpx: a UnicodeEncodeError
+            raise CliError(
+                "the token has characters other than ASCII, so it is not a gpufleet token; "
+                "check GPUFLEET_TOKEN, --token or `gpufleet login`"
+            )
         headers = {"Authorization": f"Bearer {context.token}"} if context.token else {}
         headers["User-Agent"] = "gpufleet-cli"
         timeout = httpx.Timeout(self.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.timeout_s))
@@ -121,7 +131,18 @@ class Client:
         return response
 
     def get(self, path: str, what: str = "", params: Mapping[str, Any] | None = None) -> Any:
-        return self.request("GET", path, what, params=params).json()
+        response = self.request("GET", path, what, params=params)
+        try:
+            return response.json()
+        except ValueError:
+            raise self._not_the_api(response) from None
+
+    def _not_the_api(self, response: httpx.Response) -> CliError:
+        kind = response.headers.get("content-type", "no content type")
+        return CliError(
+            f"{self.url} answered {response.status_code} with {kind:.60}, not the API's JSON: "
+            "is it a gpufleet control plane? (--url, GPUFLEET_URL or `gpufleet login`)"
+        )
 
     def find(self, path: str, ref: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -146,6 +167,8 @@ class Client:
         seen = 0
         while True:
             page = self.get(f"/{path}", path, params={**query, "limit": page_size})
+            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
+                raise CliError(f"{self.url} answered a page without items: is it the gpufleet API?")
             for item in page["items"]:
                 yield item
                 seen += 1
@@ -157,9 +180,13 @@ class Client:
 
     def put(self, path: str, name: str, body: Mapping[str, Any], generation: int | None) -> Any:
         headers = {"If-Match": f'"{generation}"'} if generation is not None else {}
-        return self.request(
+        response = self.request(
             "PUT", f"/{path}/{name}", f"{path} '{name}'", json=dict(body), headers=headers
-        ).json()
+        )
+        try:
+            return response.json()
+        except ValueError:
+            raise self._not_the_api(response) from None
 
     def delete(self, path: str, name: str, force: bool = False) -> None:
         params = {"force": "true"} if force else None

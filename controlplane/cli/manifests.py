@@ -271,7 +271,15 @@ def plan_one(manifest: Manifest, current: Mapping[str, Any] | None) -> Change:
     if current is None:
         return Change(manifest, Action.create)
     assert manifest.kind.spec is not None
-    server = manifest.kind.spec.model_validate(spec_fields(manifest.kind, current))
+    try:
+        server = manifest.kind.spec.model_validate(spec_fields(manifest.kind, current))
+    except ValidationError:  # stored before today's limits: any change must fit them
+        return Change(
+            manifest,
+            Action.update,
+            [FieldChange("*", "(stored before today's limits)", manifest.body)],
+            current.get("generation"),
+        )
     old = server.model_dump(exclude_none=True)
     new = manifest.spec.model_dump(exclude_none=True)
     old_json = server.model_dump(mode="json", exclude_none=True)

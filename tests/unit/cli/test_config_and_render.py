@@ -131,3 +131,29 @@ def test_a_broken_config_file_is_one_line_that_never_shows_the_token(config: Pat
         load_context()
     assert "\n" not in str(err.value) and "gpf_secretsecret" not in str(err.value)
     assert "at line 3" in str(err.value) and "gpufleet login" in str(err.value)
+
+
+def test_odd_settings_and_a_server_that_is_not_the_api_are_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controlplane.cli.client import Client
+    from controlplane.cli.config import Context
+    from controlplane.cli.manifests import CliError
+
+    context = Context("http://127.0.0.1:9", "gpf_token", "test")
+    for timeout in ("-1", "nan", "inf", "1e300", "lots"):
+        monkeypatch.setenv("GPUFLEET_CLI_TIMEOUT", timeout)
+        with pytest.raises(CliError, match="GPUFLEET_CLI_TIMEOUT"):
+            Client(context)
+    monkeypatch.delenv("GPUFLEET_CLI_TIMEOUT")
+    with pytest.raises(CliError, match="not a gpufleet token"):
+        Client(Context("http://127.0.0.1:9", "tökén", "test"))
+    client = Client(context)
+    html = httpx.MockTransport(lambda r: httpx.Response(200, html="<html>proxy</html>"))
+    client._http = httpx.Client(base_url="http://127.0.0.1:9/api/v1", transport=html)
+    with pytest.raises(CliError, match="not the API's JSON"):
+        client.list("pools")
+    other = httpx.MockTransport(lambda r: httpx.Response(200, json={"hello": "world"}))
+    client._http = httpx.Client(base_url="http://127.0.0.1:9/api/v1", transport=other)
+    with pytest.raises(CliError, match="page without items"):
+        client.list("pools")

@@ -251,3 +251,11 @@ def test_true_is_not_a_number_in_a_manifest():
     with pytest.raises(CliError) as refused:
         load_manifests("kind: GpuType\nname: a\nmemory_gib: true\n", "f.yaml")
     assert "memory_gib: must be a number" in refused.value.message
+
+
+def test_an_object_stored_before_todays_limits_is_an_update_not_a_traceback() -> None:
+    """The server keeps showing such an object as stored; validated as a spec it raised a
+    ValidationError out of `apply` and `diff`."""
+    (m,) = load_manifests_from([pool(gpus=64)])
+    change = plan_one(m, served(pool()) | {"gpus": 2_000_000})
+    assert change.action == Action.update and change.generation is not None
