@@ -193,6 +193,16 @@ def make_room(plan: Plan, d: int) -> bool:
 
     The pools: admissible ones without room, adding a provider/region while d spans
     fewer than its policy asks."""
+    for p in _full_pools(plan, d, MAX_ROOM_POOLS):
+        if _free_pool(plan, p, plan.size(d), protect=d) is not None:
+            return True
+    return False
+
+
+def _full_pools(plan: Plan, d: int, most: int) -> list[int]:
+    """d's admissible pools without room for one more of its replicas but big enough for
+    one, adding a provider/region while d spans fewer than its policy asks, within its spot
+    budget: the ``most`` cheapest."""
     t = plan.t
     s = plan.size(d)
     idx = t.compat_index(d)
@@ -201,13 +211,7 @@ def make_room(plan: Plan, d: int) -> bool:
     if plan.spot_budget(d) <= 0:
         ok &= ~t.is_spot[idx]
     cost = np.where(ok, t.cost(d)[idx], INF)
-    for i in smallest(cost, MAX_ROOM_POOLS):
-        p = int(idx[i])
-        if not math.isfinite(cost[i]):
-            return False
-        if _free_pool(plan, p, s, protect=d) is not None:
-            return True
-    return False
+    return [int(idx[i]) for i in smallest(cost, most) if math.isfinite(cost[i])]
 
 
 def place_hard(plan: Plan, d: int, k: int) -> int:
@@ -339,19 +343,7 @@ def move_and_displace(plan: Plan, d: int) -> bool:
     t = plan.t
     if t.inp.deployments[d].priority <= t.lowest_priority:
         return False  # nobody ranks below d
-    s = plan.size(d)
-    idx = t.compat_index(d)
-    spread, _unmet = spread_filter(plan, d, np.zeros(len(idx)), idx)
-    ok = np.isfinite(spread) & (t.cap[idx] - plan.used[idx] < s) & (t.cap[idx] >= s)
-    if plan.spot_budget(d) <= 0:
-        ok &= ~t.is_spot[idx]
-    cost = np.where(ok, t.cost(d)[idx], INF)
-    for i in smallest(cost, MAX_CHAIN_POOLS):
-        if not math.isfinite(cost[i]):
-            return False
-        if _chain_out(plan, int(idx[i]), d):
-            return True
-    return False
+    return any(_chain_out(plan, p, d) for p in _full_pools(plan, d, MAX_CHAIN_POOLS))
 
 
 def _chain_out(plan: Plan, p: int, d: int) -> bool:

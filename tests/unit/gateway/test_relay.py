@@ -340,21 +340,34 @@ async def test_a_client_that_leaves_closes_its_request_at_the_plane(fleet):
     assert gone == 1
 
 
-async def test_a_stream_whose_client_leaves_before_the_head_is_dropped_at_the_plane(fleet):
-    """The task path (a stream) waited for the plane's head whatever the client did: a
-    plane queueing the request ran it for nobody, a hung one held it for good."""
-    front, a, _, client = fleet
-    a.script.append(("hang", b""))
-    client.send({"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True})
-    await until(lambda: a.requests == 2)
+STREAM = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+
+async def _leave_and_see_the_plane_dropped(
+    front: Front, a: Plane, client: Client, began: Callable[[], object], plane: str
+) -> None:
+    """Send a stream, wait for ``began``, close the client: the plane's connection closes,
+    no attempt is left, and the answer counts as a 499 (of ``plane``: "" before a head)."""
+    client.send(STREAM)
+    await began()  # type: ignore[misc]
     closed = a.closed
     client.writer.close()
     await until(lambda: a.closed > closed)
     await until(lambda: not front.state.planes["a"].attempts)
     gone = front.state.metrics.registry.get_sample_value(
-        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "", "code": "499"}
+        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": plane, "code": "499"}
     )
     assert gone == 1
+
+
+async def test_a_stream_whose_client_leaves_before_the_head_is_dropped_at_the_plane(fleet):
+    """The task path (a stream) waited for the plane's head whatever the client did: a
+    plane queueing the request ran it for nobody, a hung one held it for good."""
+    front, a, _, client = fleet
+    a.script.append(("hang", b""))
+    await _leave_and_see_the_plane_dropped(
+        front, a, client, lambda: until(lambda: a.requests == 2), plane=""
+    )
 
 
 async def test_a_silent_stream_ends_at_the_plane_when_its_client_leaves(fleet):
@@ -362,16 +375,8 @@ async def test_a_silent_stream_ends_at_the_plane_when_its_client_leaves(fleet):
     next chunk: none came, and the task and both connections were held for good."""
     front, a, _, client = fleet
     a.script.append(("sse_silent", b'data: {"choices": []}\n\n'))
-    client.send({"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True})
-    await asyncio.wait_for(client.reader.readuntil(b"data: "), 5)  # the stream has begun
-    closed = a.closed
-    client.writer.close()
-    await until(lambda: a.closed > closed)
-    await until(lambda: not front.state.planes["a"].attempts)
-    gone = front.state.metrics.registry.get_sample_value(
-        "gpufleet_gateway_requests_total", {"deployment": "chat", "plane": "a", "code": "499"}
-    )
-    assert gone == 1
+    began = lambda: asyncio.wait_for(client.reader.readuntil(b"data: "), 5)  # noqa: E731
+    await _leave_and_see_the_plane_dropped(front, a, client, began, plane="a")
 
 
 async def test_a_refused_request_gets_its_error_on_the_same_connection(fleet):
