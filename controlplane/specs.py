@@ -40,10 +40,10 @@ MAX_TEXT = 255
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 128, 256
 MAX_ENGINE_ARGS, MAX_ENGINE_ARG, MAX_ENGINE_ARGS_BYTES = 256, 4096, 32 * 1024
 MAX_NAMES = 256
+"""Lists and maps of names (a cluster's pools, allowed regions, traffic sources)."""
 MAX_POOL_GPUS = 1_000_000  # more than any region holds; beyond it a count is a mistake
 MAX_NOTICE_SECONDS = 7 * 86_400
 MAX_REPLICAS = 10_000  # as a replica quota (controlplane.contracts.REPLICAS_MAX)
-"""Lists and maps of names (a cluster's pools, allowed regions, traffic sources)."""
 MAX_GPU_TYPES, MAX_CERTIFICATIONS, MAX_SCHEDULE_WINDOWS = 32, 32, 64
 
 Name = Annotated[
