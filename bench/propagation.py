@@ -229,11 +229,11 @@ async def main(samples: int, rate_seconds: float) -> int:
         p99, bare_p99 = pct(ours_ms, 99), pct(bare_rt_ms, 99)
         ratio = p99 / bare_p99
         ok = p99 <= TARGET_P99_MS and ratio <= TARGET_RATIO
+        await consumer.stop()  # before the headline: a failure here is no PASS on screen
         print(f"HEADLINE propagation p99 {p99:.2f} ms (p50 {statistics.median(ours_ms):.2f}) vs "
               f"bare NATS put→watch→ack p99 {bare_p99:.2f} ms = {ratio:.2f}x; "
               f"target p99 <= {TARGET_P99_MS:.0f} ms and <= {TARGET_RATIO}x bare; "
               f"sustained {sustained}/s: {'PASS' if ok else 'FAIL'}")  # fmt: skip
-        await consumer.stop()
         return 0 if ok else 1
     finally:
         for proc in procs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -100,11 +101,18 @@ class Load:
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    fault_at: float = math.inf
+    """perf_counter() of the fault (a fault run sets it): the failure share counts only the
+    requests that ended after it, not the calm before."""
+    ok_after: int = 0
+    failed_after: int = 0
 
 
-async def load(port: int, concurrency: int, seconds: float, timeout: float = 10) -> Load:
+async def load(
+    port: int, concurrency: int, seconds: float, timeout: float = 10, out: Load | None = None
+) -> Load:
     pool = UpstreamPool("127.0.0.1", port)
-    out = Load()
+    out = Load() if out is None else out
     started = time.perf_counter()
     end = started + seconds
 
@@ -119,11 +127,15 @@ async def load(port: int, concurrency: int, seconds: float, timeout: float = 10)
                 ok = resp.status == 200
             except (UpstreamError, TimeoutError):
                 ok = False
+            ended = time.perf_counter()
             if ok:
                 out.ok += 1
-                out.latencies.append(time.perf_counter() - t0)
+                out.latencies.append(ended - t0)
             else:
                 out.failed += 1
+            if ended >= out.fault_at:
+                out.ok_after += ok
+                out.failed_after += not ok
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     out.seconds = time.perf_counter() - started
@@ -159,9 +171,11 @@ async def fault_run(router_port: int, victim: subprocess.Popen[bytes], sig: sign
                     scrape_port: int | None) -> tuple[Load, float | None]:  # fmt: skip
     """32 concurrent clients for 6 s; ``sig`` hits a replica after 2 s. For our router also
     the time from SIGSTOP to the ejection showing in /metrics."""
-    task = asyncio.create_task(load(router_port, 32, 6.0))
+    counted = Load()
+    task = asyncio.create_task(load(router_port, 32, 6.0, out=counted))
     await asyncio.sleep(2.0)
     os.killpg(victim.pid, sig)
+    counted.fault_at = time.perf_counter()
     t0 = time.monotonic()
     ejected_after = None
     if scrape_port is not None:
@@ -197,8 +211,12 @@ async def scenario(kind: str) -> dict[str, tuple[Load, float | None]]:
 
 
 def pct(load: Load) -> float:
-    total = load.ok + load.failed
-    return 100.0 * load.failed / total if total else 0.0
+    """Failed share (%) of the requests that ended after the fault (of all, without one);
+    100 when none did: nothing measured is no pass."""
+    ok, failed = (load.ok_after, load.failed_after) if math.isfinite(load.fault_at) else (
+        load.ok, load.failed)  # fmt: skip
+    total = ok + failed
+    return 100.0 * failed / total if total else 100.0
 
 
 async def main() -> int:
@@ -228,7 +246,8 @@ async def main() -> int:
         for name, (ld, ej) in res.items():
             extra = f", ejected after {ej:.2f} s" if ej is not None else ""
             print(
-                f"{label}: {name} {ld.failed}/{ld.ok + ld.failed} failed ({pct(ld):.2f} %){extra}"
+                f"{label}: {name} {ld.failed_after}/{ld.ok_after + ld.failed_after} failed after "
+                f"the fault ({pct(ld):.2f} %; {ld.failed}/{ld.ok + ld.failed} over the run){extra}"
             )
     ratio = added_ours / added_theirs if added_theirs > 0 else float("inf")
     kill_failed = killed["gpufleet"][0].failed

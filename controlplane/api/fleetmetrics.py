@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from controlplane.liveness import evidence_horizon
 from controlplane.services import cost_report, fleet_view
+from controlplane.services.clusters import bus_progress
 
 log = logging.getLogger(__name__)
 MAX_DEPLOYMENTS = 100_000
+STALE_AFTER = timedelta(seconds=15)  # as liveness: a few seconds between progress writes
 
 
 class FleetCollector(Collector):
@@ -41,6 +44,7 @@ class FleetCollector(Collector):
         )
         try:
             with self.read_session() as session:
+                progress = bus_progress(session)
                 clusters = fleet_view.clusters(session)
                 pools = fleet_view.pools(session)
                 deployments = fleet_view.deployments(session, limit=MAX_DEPLOYMENTS)
@@ -52,7 +56,9 @@ class FleetCollector(Collector):
             return
         readable.add_metric([], 1)
         yield readable
-        yield from cluster_metrics(clusters, self.now())
+        now = self.now()
+        horizon, _behind = evidence_horizon(now, progress, STALE_AFTER)
+        yield from cluster_metrics(clusters, now, horizon)
         yield from pool_metrics(pools)
         yield from deployment_metrics(deployments)
         yield from cost_metrics(spent)
@@ -62,10 +68,23 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
-def cluster_metrics(clusters: list[fleet_view.ClusterView], now: datetime) -> Iterator[Metric]:
+def cluster_metrics(
+    clusters: list[fleet_view.ClusterView], now: datetime, horizon: datetime | None = None
+) -> Iterator[Metric]:
+    """``horizon``: up to when the bus process has read the planes' reports
+    (``liveness.evidence_horizon``); a heartbeat's age counts up to it, so a frozen bus
+    process pages once (``gpufleet_bus_evidence_lag_seconds``), not once per cluster."""
+    horizon = now if horizon is None else horizon
+    behind = GaugeMetricFamily(
+        "gpufleet_bus_evidence_lag_seconds",
+        "How far behind now the control plane has read the planes' reports (0: caught up); "
+        "heartbeat ages count only up to there",
+    )
+    behind.add_metric([], max(0.0, (now - horizon).total_seconds()))
     age = _gauge(
         "gpufleet_cluster_heartbeat_age_seconds",
-        "Seconds since the cluster's agent was last heard (no series before its first)",
+        "Seconds from the cluster's last heartbeat to what the control plane has read of the "
+        "reports (no series before its first)",
         ["cluster"],
     )
     state = _gauge(
@@ -85,12 +104,12 @@ def cluster_metrics(clusters: list[fleet_view.ClusterView], now: datetime) -> It
         if c.last_heartbeat_at is not None:
             seen = c.last_heartbeat_at
             seen = seen if seen.tzinfo else seen.replace(tzinfo=UTC)
-            age.add_metric([c.name], max(0.0, (now - seen).total_seconds()))
+            age.add_metric([c.name], max(0.0, (horizon - seen).total_seconds()))
         state.add_metric([c.name, c.state], 1)
         lag.add_metric([c.name], max(0, c.desired_generation - c.observed_generation))
         for s, n in sorted(c.replicas.items()):
             replicas.add_metric([c.name, s], n)
-    yield from (age, state, lag, replicas)
+    yield from (behind, age, state, lag, replicas)
 
 
 def pool_metrics(pools: list[fleet_view.PoolView]) -> Iterator[Metric]:

@@ -63,3 +63,22 @@ def test_requests_are_counted_by_route_template_and_code_and_timed() -> None:
     # no database: the fleet's gauges are absent and say why, never zeros of an empty fleet
     assert got[("gpufleet_fleet_state_readable", frozenset())] == 0
     assert not any(name.startswith("gpufleet_cluster_") for name, _ in got)
+
+
+def test_a_heartbeats_age_counts_up_to_what_the_bus_has_read():
+    """A frozen bus process aged every cluster's heartbeat and paged once per cluster
+    (GpufleetHeartbeatLost: "its agent or its network to NATS is down"); the age stops at
+    the evidence horizon, and the bus's own lag is one gauge (GpufleetBusBehind)."""
+    from datetime import UTC, datetime, timedelta
+
+    from controlplane.api.fleetmetrics import cluster_metrics
+    from controlplane.services.fleet_view import ClusterView
+
+    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    beat = now - timedelta(minutes=5)  # the last heartbeat read, five minutes ago ...
+    horizon = now - timedelta(minutes=5, seconds=-2)  # ... when the bus froze
+    view = ClusterView("use1-a", "r", 0, 0, "healthy", False, None, beat, 1, 1, None, 8, {}, {})
+    families = {f.name: f for f in cluster_metrics([view], now, horizon)}
+    (age,) = families["gpufleet_cluster_heartbeat_age_seconds"].samples
+    (lag,) = families["gpufleet_bus_evidence_lag_seconds"].samples
+    assert age.value == 2.0 and lag.value == 298.0
