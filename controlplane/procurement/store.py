@@ -70,7 +70,10 @@ def plan_procurement(
     status. Dispatch the returned actions *after* the transaction commits."""
     policy = policy or Policy()
     session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PLAN_LOCK})
-    pools = list(session.scalars(select(Pool)))
+    # read afresh: a re-plan loaded these rows (load_world) before it placed, and an
+    # acquire's failure or an outage written meanwhile (`exhausted_until`, `outage`) would
+    # be written back over with the old status
+    pools = list(session.scalars(select(Pool).execution_options(populate_existing=True)))
     ids = {p.name: p.id for p in pools}  # placement names pools by name: accept both
     wanted = {ids.get(key, key): gpus for key, gpus in wanted.items()}
     rows = list(session.scalars(select(Instance).where(Instance.state.in_(HELD))))

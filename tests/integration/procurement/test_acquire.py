@@ -236,3 +236,20 @@ def test_an_instance_acquired_while_a_sweep_was_frozen_is_not_taken_for_gone(
     counts = tasks.reconcile_run(d)
     (row,) = rows(factory)
     assert counts["gone"] == 0 and row.state == "running"
+
+
+def test_a_replan_does_not_write_an_old_pool_status_back_over_a_newer_one(
+    factory, fleet, local, sent, clock
+):
+    """A re-plan reads every pool first (load_world), places, then records procurement in
+    the same session: a capacity failure recorded meanwhile by an acquire (`exhausted_until`)
+    was written back over with the status it had read, and the pool was asked again."""
+    pool = fleet.pool()
+    with transaction(factory) as s:
+        world = list(s.scalars(select(m.Pool)))  # what load_world reads first, and keeps
+        d = make_deps(
+            factory, Flaky(local, before=[InsufficientCapacity("none left")]), sent, clock
+        )
+        assert tasks.acquire_run(d, pool, 1, "task-7").error == "InsufficientCapacity"  # meanwhile
+        assert plan_procurement(s, {pool: 8}, clock()) == []  # exhausted: nothing asked
+    assert "exhausted_until" in pool_status(factory, pool) and world
