@@ -103,8 +103,17 @@ def test_every_process_is_scraped_and_its_series_have_data(fleet: Fleet, prometh
     assert gateways == ["euc1", "use1"]
     agents = sorted(t["labels"]["cluster"] for t in found if t["labels"]["job"] == "gpufleet-agent")
     assert agents == ["euc1-a", "local-a", "use1-a"]
-    replicas = [t["labels"] for t in found if t["labels"]["job"] == "gpufleet-replica"]
-    assert any(r["deployment"] == "triage-llm" for r in replicas), replicas
+
+    def replica_scraped() -> bool:  # up lists replicas as their agents record them: a
+        # replica that started after the other targets were up may take a refresh more
+        return any(
+            t["labels"]["job"] == "gpufleet-replica"
+            and t["labels"].get("deployment") == "triage-llm"
+            and t["health"] == "up"
+            for t in targets(prometheus)
+        )
+
+    wait_until(replica_scraped, 60, "the triage-llm replica to be discovered and scraped")
 
     def has(expr: str) -> bool:
         return bool(query(prometheus, expr))
