@@ -27,11 +27,12 @@ from controlplane.bus import (
     render_server_config,
     write_server_config,
 )
-from controlplane.contracts import NatsCredentials
+from controlplane.contracts import DESIRED_BUCKET, NatsCredentials
 from controlplane.local.nats import NatsServer
 from controlplane.local.ports import free_port
 
 CLUSTERS = ("a", "b")
+SETUP_S = 15.0
 
 
 @dataclass
@@ -98,7 +99,10 @@ async def bus(tmp_path: Path) -> AsyncIterator[Bus]:
         holder = Bus(server, cp, clusters, None, None, None, errors)  # type: ignore[arg-type]
         nc = await holder.connect(cp, errors)
         js = nc.jetstream(timeout=1.0)
-        kv = await ensure_bus(js)
+        # creating the streams may take a loaded machine over a second (CI once): a bound
+        # for set-up, not the pace the tests' own requests are held to
+        await ensure_bus(nc.jetstream(timeout=SETUP_S))
+        kv = await js.key_value(DESIRED_BUCKET)  # the tests' bucket: their 1 s bound
         holder.nc, holder.js, holder.kv = nc, js, kv
         yield holder
         await nc.close()

@@ -28,6 +28,7 @@ from controlplane.bus import (
 )
 from controlplane.bus.routes import RoutesPublisher, current_routes, encode_table
 from controlplane.contracts import (
+    DESIRED_BUCKET,
     DESIRED_STREAM,
     ROUTES_STREAM,
     ROUTES_SUBJECT,
@@ -43,7 +44,7 @@ from controlplane.contracts import (
 from controlplane.local.nats import NatsServer
 from controlplane.local.ports import free_port
 from tests.integration.bus.builders import make_desired
-from tests.integration.bus.conftest import Bus, eventually
+from tests.integration.bus.conftest import SETUP_S, Bus, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -71,7 +72,8 @@ async def gbus(tmp_path: Path) -> AsyncIterator[GatewayBus]:
         holder.gateway = gateway
         holder.nc = await holder.connect(cp)
         holder.js = holder.nc.jetstream(timeout=1.0)
-        holder.kv = await ensure_bus(holder.js)
+        await ensure_bus(holder.nc.jetstream(timeout=SETUP_S))
+        holder.kv = await holder.js.key_value(DESIRED_BUCKET)
         yield holder
         await holder.nc.close()
     finally:

@@ -9,7 +9,7 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 from controlplane.bus import streams
 from controlplane.contracts import REPORTS_STREAM, REPORTS_SUBJECTS, fact_subject
-from tests.integration.bus.conftest import Bus
+from tests.integration.bus.conftest import SETUP_S, Bus
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -20,7 +20,9 @@ async def test_a_flooding_plane_fills_only_the_streams_bound(bus: Bus, monkeypat
     assert info.config.discard == DiscardPolicy.OLD
 
     monkeypatch.setattr(streams, "REPORTS_MAX_BYTES", 64 * 1024)
-    await streams.ensure_reports_stream(bus.js)  # the bound changed: the stream follows
+    await streams.ensure_reports_stream(
+        bus.nc.jetstream(timeout=SETUP_S)
+    )  # the bound changed: the stream follows
     plane = await bus.connect(bus.clusters["a"], bus.errors)
     try:
         pjs = plane.jetstream(timeout=2.0)
@@ -38,6 +40,6 @@ async def test_a_flooding_plane_fills_only_the_streams_bound(bus: Bus, monkeypat
 async def test_a_stream_made_before_the_bound_gets_it(bus: Bus):
     await bus.js.delete_stream(REPORTS_STREAM)
     await bus.js.add_stream(StreamConfig(name=REPORTS_STREAM, subjects=list(REPORTS_SUBJECTS)))
-    await streams.ensure_reports_stream(bus.js)
+    await streams.ensure_reports_stream(bus.nc.jetstream(timeout=SETUP_S))
     info = await bus.js.stream_info(REPORTS_STREAM)
     assert info.config.max_bytes == streams.REPORTS_MAX_BYTES
