@@ -18,6 +18,14 @@ import httptools
 
 Headers = Sequence[tuple[bytes, bytes]]
 
+HIGH_WATER = 1 << 20
+"""Bytes of a response body held for a reader that awaits ``body()`` (the task path) above
+which the connection stops reading from the upstream until the reader has taken them: a
+client slower than its replica bounds the memory a response holds, not the replica."""
+
+READ_LIMIT = 8 << 20
+"""Most bytes ``Response.read`` takes (health, load, model list, a replica's metrics)."""
+
 
 class UpstreamError(Exception):
     """The replica failed this request; ``before_first_byte``: nothing of a response came."""
@@ -76,6 +84,8 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self._head: asyncio.Future[None] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
+        self._held = 0  # bytes in _chunks
+        self._paused = False  # reading paused: _held went over HIGH_WATER
         self._wake: asyncio.Future[None] | None = None
         self._done = False
         self._keep_alive = False
@@ -127,6 +137,10 @@ class Connection(asyncio.Protocol):
             self._listener.on_chunk(body)
             return
         self._chunks.append(body)
+        self._held += len(body)
+        if self._held > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
         self._notify()
 
     def on_message_complete(self) -> None:
@@ -202,6 +216,11 @@ class Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.headers, self.status, self._chunks = [], 0, collections.deque()
+        self._held = 0
+        if self._paused:
+            self._paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
         self._head_came = False
 
@@ -230,7 +249,13 @@ class Connection(asyncio.Protocol):
     async def body(self) -> AsyncIterator[bytes]:
         while True:
             while self._chunks:
-                yield self._chunks.popleft()
+                chunk = self._chunks.popleft()
+                self._held -= len(chunk)
+                if self._paused and self._held <= HIGH_WATER // 2:
+                    self._paused = False
+                    if self.transport is not None and not self.closed:
+                        self.transport.resume_reading()
+                yield chunk
             if self._done:
                 return
             if self._error is not None:
@@ -243,6 +268,7 @@ class Connection(asyncio.Protocol):
         """The rest of the body if all of it has arrived (else None: iterate ``body()``)."""
         if not self._done or self._error is not None:
             return None
+        self._held = 0
         if len(self._chunks) == 1:
             return self._chunks.popleft()
         rest = b"".join(self._chunks)
@@ -284,8 +310,21 @@ class Response:
         usual case of a short answer, whose head and body come in one read."""
         return self._conn.whole()
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self._conn.body()])
+    async def read(self, limit: int = READ_LIMIT) -> bytes:
+        """The whole body; over ``limit`` bytes the connection is closed and UpstreamError
+        raised (a health, load or metrics answer is small: a replica that sends without
+        end must not fill the router's memory)."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in self._conn.body():
+            size += len(chunk)
+            if size > limit:
+                self.discard()
+                raise UpstreamError(
+                    f"response body over {limit} bytes", before_first_byte=False
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def cut(self, reason: str) -> None:
         """End the body now (the replica stopped sending): ``body()`` raises UpstreamError."""

@@ -254,3 +254,65 @@ async def test_a_client_that_reads_nothing_of_a_long_answer_is_cut_off():
     finally:
         sock.close()
         await server.close(grace_s=1)
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(body: bytes) -> AsyncIterator[tuple[int, list[asyncio.Transport]]]:
+    """A replica that answers any request with ``body`` in one write (its transport, to see
+    how much of it is still waiting to leave)."""
+    transports: list[asyncio.Transport] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        transports.append(writer.transport)  # type: ignore[arg-type]
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], transports
+    finally:
+        server.close()
+
+
+async def test_a_slow_reader_holds_at_most_the_high_water_of_a_long_body():
+    """On the task path a reader that takes a long body slowly (its client slower than the
+    replica) held all of it in memory: the connection stops reading from the replica once
+    HIGH_WATER bytes wait, and the body still arrives whole."""
+    from workloadplane.router.upstream import HIGH_WATER
+
+    body = bytes(range(256)) * (256 * 1024)  # 64 MiB
+    async with raw_upstream(body) as (port, transports):
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/big")
+        conn = resp._conn
+        left = [-1, -2]  # bytes still waiting at the replica, at the last two looks
+        async with asyncio.timeout(10):
+            while left[-1] != left[-2] or left[-1] < 0:  # until the replica stalls
+                await asyncio.sleep(0.05)
+                left.append(transports[0].get_write_buffer_size())
+        assert conn._held <= HIGH_WATER + 256 * 1024
+        assert left[-1] > len(body) // 2  # the replica waits: the bytes stayed with it
+        got = bytearray()
+        async for chunk in resp.body():
+            got += chunk
+        assert got == body
+        resp.release()
+        pool.close()
+
+
+async def test_read_of_an_answer_over_its_limit_fails_and_drops_the_connection():
+    from workloadplane.router.upstream import UpstreamError
+
+    async with raw_upstream(b"x" * 5000) as (port, _):
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/metrics")
+        with pytest.raises(UpstreamError, match="over 4096 bytes"):
+            await resp.read(limit=4096)
+        resp.release()
+        assert resp._conn.closed  # not given back half read
+        resp = await pool.request("GET", "/metrics")
+        assert await resp.read(limit=5000) == b"x" * 5000
+        resp.release()
+        pool.close()
