@@ -320,9 +320,7 @@ class Response:
             size += len(chunk)
             if size > limit:
                 self.discard()
-                raise UpstreamError(
-                    f"response body over {limit} bytes", before_first_byte=False
-                )
+                raise UpstreamError(f"response body over {limit} bytes", before_first_byte=False)
             chunks.append(chunk)
         return b"".join(chunks)
 
