@@ -53,7 +53,7 @@ from controlplane.services import routes as routes_service
 from controlplane.services.clusters import record_bus_progress
 from controlplane.services.desired import desired_state
 from controlplane.services.observed import DbSink
-from controlplane.settings import Settings, get_settings
+from controlplane.settings import Settings, db_timeouts, get_settings
 from controlplane.trust import Bounds
 from gpufleet_logging import configure_logging
 
@@ -373,7 +373,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     js = nc.jetstream()
     kv = await ensure_bus(js)
     routes_kv = await ensure_routes_bucket(js)
-    factory = make_session_factory(make_engine(settings.database_url, pool_size=4))
+    factory = make_session_factory(
+        make_engine(settings.database_url, pool_size=4, **db_timeouts(settings))
+    )
     loop = asyncio.get_running_loop()
 
     def on_change(reason: str) -> None:  # the broker call blocks: keep it off the loop

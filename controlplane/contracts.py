@@ -174,7 +174,9 @@ def _utc(value: datetime) -> datetime:
 # fail on every redelivery (controlplane/services/observed.py keeps a net under this).
 Id = Annotated[str, Field(max_length=128), AfterValidator(_no_nul)]
 Text = Annotated[str, Field(max_length=1024), AfterValidator(_no_nul)]
-Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+COUNT_MAX = 2**63 - 1
+"""The largest counter a report carries (a signed 64-bit column)."""
+Count = Annotated[int, Field(ge=0, le=COUNT_MAX)]
 When = Annotated[datetime, AfterValidator(_utc)]
 EntryName = Annotated[str, Field(max_length=80, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")]
 """A deployment or lane (``NAME--r3``, ``NAME--shadow``) in a desired state: a DNS label as

@@ -60,6 +60,20 @@ class Settings(BaseSettings):
     )
     redis_port: int = 6380
     db_pool_size: int = 10
+    db_lock_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Longest a database statement waits for a lock before it fails (the API "
+        "answers 503 with Retry-After, a task retries); 0: no limit",
+    )
+    db_idle_in_transaction_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="PostgreSQL ends a session idle inside a transaction this long, releasing "
+        "its locks (a frozen or stuck process); 0: no limit",
+    )
     page_size_max: int = 500
     api_max_body_bytes: int = Field(
         default=1024 * 1024,
@@ -199,3 +213,11 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def db_timeouts(settings: Settings) -> dict[str, float]:
+    """``make_engine``'s lock and idle-in-transaction bounds from the settings."""
+    return {
+        "lock_timeout_s": settings.db_lock_timeout_s,
+        "idle_in_transaction_s": settings.db_idle_in_transaction_s,
+    }

@@ -29,7 +29,7 @@ from controlplane.services import costs, rollouts
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.services.spend import limits_from
-from controlplane.settings import Settings, get_settings
+from controlplane.settings import Settings, db_timeouts, get_settings
 from controlplane.webhook import tasks as webhook
 from gpufleet_logging import clean_request_id, configure_logging, current_request_id
 from gpufleet_logging.context import bind_request_id, unbind_request_id
@@ -209,7 +209,9 @@ class Worker:
 
 
 def build_worker(settings: Settings) -> Worker:
-    factory = make_session_factory(make_engine(settings.database_url, pool_size=2))
+    factory = make_session_factory(
+        make_engine(settings.database_url, pool_size=2, **db_timeouts(settings))
+    )
     deps = Deps(factory=factory, providers=ProviderCache(settings.data_dir), replan=request_replan)
     return Worker(settings, deps)
 

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg.errors import LockNotAvailable
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -49,7 +50,7 @@ from controlplane.errors import (
 from controlplane.services.health import database_answers
 from controlplane.services.inventory import Rendered
 from controlplane.services.validation import field_path, friendly
-from controlplane.settings import Settings
+from controlplane.settings import Settings, db_timeouts
 from gpufleet_logging import clean_request_id, new_request_id, request_id_bound
 
 log = logging.getLogger("gpufleet.api")
@@ -147,14 +148,19 @@ def _is_database_down(exc: Exception) -> bool:
 def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
     if not _is_database_down(exc):
         return _on_unexpected(request, exc)
-    log.warning("database unavailable on %s: %s", request.url.path, database_down_reason(exc))
-    response = _problem_response(
-        DatabaseUnavailable(
+    if isinstance(getattr(exc, "orig", None), LockNotAvailable):
+        log.warning("lock wait timed out on %s", request.url.path)
+        detail = (
+            "another change held a lock on what this request changes for longer than the "
+            "database's lock timeout; retry in a few seconds"
+        )
+    else:
+        log.warning("database unavailable on %s: %s", request.url.path, database_down_reason(exc))
+        detail = (
             "the control plane's database is not answering; retry in a few seconds "
             "(GET /readyz says when it is back)"
-        ),
-        request,
-    )
+        )
+    response = _problem_response(DatabaseUnavailable(detail), request)
     response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
@@ -243,7 +249,7 @@ def create_app(
     """`on_inventory_change(kind)` runs after a committed change placement depends on;
     `dispatch_procurement(actions)` after an on-demand re-plan committed."""
     factory = session_factory or make_session_factory(
-        make_engine(settings.database_url, settings.db_pool_size)
+        make_engine(settings.database_url, settings.db_pool_size, **db_timeouts(settings))
     )
 
     @asynccontextmanager

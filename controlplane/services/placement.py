@@ -457,7 +457,7 @@ def replan(
                 session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
         except OperationalError:
             return None
-        session.execute(text("SET LOCAL lock_timeout = 0"))
+        session.execute(text("SET LOCAL lock_timeout = DEFAULT"))  # the engine's bound
     elif not session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}):
         return None
     now = now or _now()

@@ -57,8 +57,10 @@ from workloadplane.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 
-_USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
-_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+# at most 9 digits, not followed by a tenth: an engine's usage (the engine image is the
+# tenant's) that claims more counts as none rather than overflowing the plane's counters
+_USAGE = re.compile(rb'"completion_tokens":\s*(\d{1,9})(?!\d)')
+_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d{1,9})(?!\d)')
 CROSS_REGION = b"x-gpufleet-cross-region"
 """Set by the gateway: ``1`` when the answer goes on to a client in another region."""
 

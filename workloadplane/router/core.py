@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.contracts import (
+    COUNT_MAX,
     LATENCY_BUCKETS_S,
     DeploymentDesired,
     OutcomeCounters,
@@ -443,11 +444,12 @@ class Router:
         if counts is None:
             self._since_of(deployment)
             counts = self._usage[deployment] = [0, 0, 0, 0]
-        counts[0] += max(0, input_tokens)
-        counts[1] += max(0, output_tokens)
-        counts[2] += max(0, response_bytes)
+        # saturating: a counter at the contract's bound stays there (a report must validate)
+        counts[0] = min(counts[0] + max(0, input_tokens), COUNT_MAX)
+        counts[1] = min(counts[1] + max(0, output_tokens), COUNT_MAX)
+        counts[2] = min(counts[2] + max(0, response_bytes), COUNT_MAX)
         if cross_region:
-            counts[3] += max(0, response_bytes)
+            counts[3] = min(counts[3] + max(0, response_bytes), COUNT_MAX)
 
     def _counts_of(self, deployment: str) -> _Outcomes:
         counts = self._outcomes.get(deployment)

@@ -26,6 +26,13 @@ client slower than its replica bounds the memory a response holds, not the repli
 READ_LIMIT = 8 << 20
 """Most bytes ``Response.read`` takes (health, load, model list, a replica's metrics)."""
 
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+"""A response head larger (or with more headers) fails as a bad response (as the router's
+own server bounds what clients send): an upstream that sends a head without end must not
+fill the router's or gateway's memory."""
+"""Most bytes ``Response.read`` takes (health, load, model list, a replica's metrics)."""
+
 
 class UpstreamError(Exception):
     """The replica failed this request; ``before_first_byte``: nothing of a response came."""
@@ -33,6 +40,10 @@ class UpstreamError(Exception):
     def __init__(self, message: str, *, before_first_byte: bool) -> None:
         super().__init__(message)
         self.before_first_byte = before_first_byte
+
+
+class HeadTooLarge(Exception):
+    """A response head over ``MAX_HEAD_BYTES`` or ``MAX_HEADERS``."""
 
 
 class UpstreamAborted(UpstreamError):
@@ -95,6 +106,7 @@ class Connection(asyncio.Protocol):
         self._connecting: asyncio.Task[object] | None = None
         self._listener: Listener | None = None
         self._head_came = False
+        self._head_bytes = 0  # read of this response while its head had not come
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,14 +126,23 @@ class Connection(asyncio.Protocol):
         self._got_bytes = True
         try:
             self.parser.feed_data(data)
+            if not self._head_came:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    raise httptools.HttpParserError(
+                        HeadTooLarge(f"head over {MAX_HEAD_BYTES} bytes")
+                    )
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamError(f"bad response: {exc}", before_first_byte=False))
+            why = exc.__context__ if isinstance(exc.__context__, HeadTooLarge) else exc
+            self._fail(UpstreamError(f"bad response: {why}", before_first_byte=False))
             if self.transport is not None:
                 self.transport.close()
         if self._listener is not None:
             self._listener.on_read()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise HeadTooLarge(f"more than {MAX_HEADERS} headers")  # httptools wraps it
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -223,6 +244,7 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
         self._head_came = False
+        self._head_bytes = 0
 
     def relay(self, request: bytes, listener: Listener) -> None:
         """Send ``request`` (an idle connection's, from ``UpstreamPool.take_idle``); the

@@ -257,15 +257,18 @@ async def test_a_client_that_reads_nothing_of_a_long_answer_is_cut_off():
 
 
 @contextlib.asynccontextmanager
-async def raw_upstream(body: bytes) -> AsyncIterator[tuple[int, list[asyncio.Transport]]]:
-    """A replica that answers any request with ``body`` in one write (its transport, to see
-    how much of it is still waiting to leave)."""
+async def raw_upstream(
+    body: bytes, raw: bytes | None = None
+) -> AsyncIterator[tuple[int, list[asyncio.Transport]]]:
+    """A replica that answers any request with ``body`` in one write (or with ``raw`` as it
+    is), and its transport, to see how much of it is still waiting to leave."""
     transports: list[asyncio.Transport] = []
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         transports.append(writer.transport)  # type: ignore[arg-type]
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body)
+        writer.write(raw if raw is not None else head + body)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
 
@@ -315,4 +318,22 @@ async def test_read_of_an_answer_over_its_limit_fails_and_drops_the_connection()
         resp = await pool.request("GET", "/metrics")
         assert await resp.read(limit=5000) == b"x" * 5000
         resp.release()
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nx-a: " + b"a" * (8 << 20), "head over 65536 bytes"),
+        (b"HTTP/1.1 200 OK\r\n" + b"x-a: 1\r\n" * 200 + b"\r\n", "more than 100 headers"),
+    ],
+    ids=["endless-header", "too-many-headers"],
+)
+async def test_an_upstream_head_without_bounds_fails_as_a_bad_response(raw: bytes, why: str):
+    from workloadplane.router.upstream import UpstreamError
+
+    async with raw_upstream(b"", raw=raw) as (port, _):
+        pool = UpstreamPool("127.0.0.1", port)
+        with pytest.raises(UpstreamError, match=why):
+            await pool.request("GET", "/x", head_timeout=10)
         pool.close()
