@@ -74,6 +74,21 @@ def secret_env(name: str) -> bool:
     return any(word in upper for word in SECRET_ENV_WORDS)
 
 
+def strip_userinfo(url: str) -> str:
+    """``url`` (or a comma-separated list of them, as NATS takes) without any
+    ``user:password@``: for a log line, an error message, or a process that has credentials
+    of its own."""
+    out = []
+    for one in url.split(","):
+        scheme, sep, rest = one.partition("://")
+        if not sep:
+            scheme, rest = "", one
+        netloc, slash, path = rest.partition("/")
+        netloc = netloc.rpartition("@")[2]
+        out.append(f"{scheme}{sep}{netloc}{slash}{path}")
+    return ",".join(out)
+
+
 def desired_key(cluster: str) -> str:
     """KV key of a cluster's desired state."""
     return check_cluster_name(cluster)

@@ -575,12 +575,29 @@ def checked_engine_args(args: list[str]) -> list[str]:
         )
     for arg in args:  # vLLM reads --a_b as --a-b, and a long option by any unique prefix
         name = arg.split("=", 1)[0].replace("_", "-")
+        given = arg.split("=", 1)[0]
         if len(name) > len("--enable-log-") and any(f.startswith(name) for f in PROMPT_LOGGING):
             raise ValueError(
-                f"{arg.split('=', 1)[0]} makes the engine log prompts or completions, which "
+                f"{given} makes the engine log prompts or completions, which "
                 "gpufleet never stores or logs: remove it (request metrics are in /metrics)"
             )
+        if name == "--config":
+            raise ValueError(
+                f"{given} reads the engine's options from a file gpufleet cannot check (it "
+                "may turn on prompt logging): write the options in engine_args instead"
+            )
+        for flag, shortest, env in SECRET_FLAGS:
+            if len(name) >= len(shortest) and flag.startswith(name):
+                raise ValueError(
+                    f"{given} takes a secret, and engine_args are stored, shown by GET and "
+                    f"sent to the planes: remove it and set {env} in the plane's environment"
+                )
     return args
+
+
+SECRET_FLAGS = (("--hf-token", "--hf-t", "HF_TOKEN"), ("--api-key", "--api-k", "VLLM_API_KEY"))
+"""vLLM flags whose value is a secret: (flag, its shortest unique prefix, the variable the
+engine reads instead)."""
 
 
 class ShadowSpec(Spec):

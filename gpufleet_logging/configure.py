@@ -30,9 +30,22 @@ FORMATS = ("json", "text")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Servers that configure loggers of their own: their lines go through ours instead.
 ADOPTED_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "py.warnings")
-# HTTP clients that log every URL (INFO) and every header (DEBUG): a webhook URL or a bearer
-# token is a secret. Their warnings still show.
-QUIET_LOGGERS = ("httpx", "httpcore")
+# HTTP and cloud clients that log every URL (INFO) and every header or signed request
+# (DEBUG): a webhook URL, a bearer token, an AWS session token or a Google access token is a
+# secret. Their warnings still show, also at GPUFLEET_LOG_LEVEL=DEBUG.
+QUIET_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "urllib3",
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "google.auth",
+    "google.api_core",
+    "google.cloud",
+    "grpc",
+    "nats",
+)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from controlplane.contracts import NatsCredentials, read_small_file
+from controlplane.contracts import NatsCredentials, read_small_file, strip_userinfo
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ async def connect_until_up(
                 **options,
             )
         except Exception as exc:
-            log.warning("cannot reach NATS at %s (%s); %s", servers, exc, why_waiting)
+            shown = strip_userinfo(servers if isinstance(servers, str) else ",".join(servers))
+            log.warning("cannot reach NATS at %s (%s); %s", shown, exc, why_waiting)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay_s)
 

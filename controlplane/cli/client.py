@@ -11,6 +11,7 @@ import httpx
 
 from controlplane.cli.config import Context
 from controlplane.cli.manifests import CliError
+from controlplane.contracts import strip_userinfo
 
 API = "/api/v1"
 
@@ -75,6 +76,7 @@ def answer_timeout_s() -> float:
 class Client:
     def __init__(self, context: Context, timeout_s: float | None = None) -> None:
         self.url = context.url
+        self.shown = strip_userinfo(context.url)  # in messages: never a user:password
         self.timeout_s = answer_timeout_s() if timeout_s is None else timeout_s
         if context.token and not context.token.isascii():  # httpx: a UnicodeEncodeError
             raise CliError(
@@ -87,7 +89,7 @@ class Client:
         try:
             self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout)
         except httpx.InvalidURL as exc:
-            raise _not_a_url(context.url, exc) from None
+            raise _not_a_url(self.shown, exc) from None
 
     def __enter__(self) -> Client:
         return self
@@ -100,33 +102,31 @@ class Client:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.InvalidURL as exc:
-            raise _not_a_url(self.url, exc) from None
+            raise _not_a_url(self.shown, exc) from None
         except httpx.ConnectError as exc:
             raise CliError(
-                f"cannot reach the control plane at {self.url}; is `gpufleet up` running? "
+                f"cannot reach the control plane at {self.shown}; is `gpufleet up` running? "
                 "(or set --url / GPUFLEET_URL, or run `gpufleet login`)"
             ) from exc
         except httpx.ConnectTimeout as exc:
             raise CliError(
-                f"the API at {self.url} did not accept a connection in "
+                f"the API at {self.shown} did not accept a connection in "
                 f"{min(CONNECT_TIMEOUT_S, self.timeout_s):.0f} s; is the address right and "
                 "the control plane running?"
             ) from exc
         except httpx.TimeoutException as exc:
             raise CliError(
-                f"the API at {self.url} did not answer in {self.timeout_s:.0f} s; it may be "
+                f"the API at {self.shown} did not answer in {self.timeout_s:.0f} s; it may be "
                 "overloaded or stopped (`gpufleet up` shows its status); set "
                 "GPUFLEET_CLI_TIMEOUT to wait longer"
             ) from exc
         except httpx.HTTPError as exc:
-            raise CliError(f"request to {self.url} failed: {exc}") from exc
+            raise CliError(f"request to {self.shown} failed: {exc}") from exc
         if response.status_code >= 400:
             prefix = f"{what}: " if what else ""
             message = prefix + problem_line(response)
             if response.status_code == 401:
-                message += (
-                    f"; run `gpufleet login --url {self.url} --token <token>` or set GPUFLEET_TOKEN"
-                )
+                message += f"; run `gpufleet login --url {self.shown} --token <token>` or set GPUFLEET_TOKEN"
             raise ApiError(message, response.status_code)
         return response
 
@@ -140,7 +140,7 @@ class Client:
     def _not_the_api(self, response: httpx.Response) -> CliError:
         kind = response.headers.get("content-type", "no content type")
         return CliError(
-            f"{self.url} answered {response.status_code} with {kind:.60}, not the API's JSON: "
+            f"{self.shown} answered {response.status_code} with {kind:.60}, not the API's JSON: "
             "is it a gpufleet control plane? (--url, GPUFLEET_URL or `gpufleet login`)"
         )
 
@@ -168,7 +168,9 @@ class Client:
         while True:
             page = self.get(f"/{path}", path, params={**query, "limit": page_size})
             if not isinstance(page, dict) or not isinstance(page.get("items"), list):
-                raise CliError(f"{self.url} answered a page without items: is it the gpufleet API?")
+                raise CliError(
+                    f"{self.shown} answered a page without items: is it the gpufleet API?"
+                )
             for item in page["items"]:
                 yield item
                 seen += 1

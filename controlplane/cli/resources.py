@@ -32,6 +32,7 @@ from controlplane.cli.manifests import (
     plan_one,
     resolve_kind,
 )
+from controlplane.contracts import strip_userinfo
 
 FILE_HELP = "Manifest file (YAML, one or many documents); '-' reads stdin."
 
@@ -104,7 +105,9 @@ def login(
             except ApiError as exc:
                 raise CliError(f"login failed: {exc.message}") from exc
         path = save_context(url, token)
-        typer.echo(f"logged in to {context.url} as {token_prefix(token)}; saved to {path}")
+        typer.echo(
+            f"logged in to {strip_userinfo(context.url)} as {token_prefix(token)}; saved to {path}"
+        )
 
 
 @app.command()
@@ -112,7 +115,7 @@ def context() -> None:
     """Show which control plane the CLI talks to (URL, token prefix, where they come from)."""
     with reported():
         ctx = load_context()
-        typer.echo(f"url:    {ctx.url}")
+        typer.echo(f"url:    {strip_userinfo(ctx.url)}")
         typer.echo(f"token:  {ctx.token_prefix}")
         typer.echo(f"from:   {ctx.source}")
         typer.echo(f"config: {config_path()}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.contracts import secret_env
+from controlplane.contracts import secret_env, strip_userinfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,9 +97,12 @@ class Child:
                     for k, v in base_env.items()
                     if k not in CONTROL_PLANE_SECRETS and not secret_env(k)
                 }
+            env = {**base_env, **self.env}
+            if self.plane and "GPUFLEET_NATS_URL" in env:  # a user:password there is not its
+                env["GPUFLEET_NATS_URL"] = strip_userinfo(env["GPUFLEET_NATS_URL"])
             self.process = subprocess.Popen(
                 self.argv,
-                env={**base_env, **self.env},
+                env=env,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,

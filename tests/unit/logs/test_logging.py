@@ -107,3 +107,20 @@ def test_request_ids_from_clients_are_cleaned() -> None:
     assert clean_request_id(" padded ") == "padded"
     assert clean_request_id(" \t") is None
     assert clean_request_id(None) is None
+
+
+def test_cloud_and_http_clients_never_log_signed_requests_even_at_debug(
+    configured: Configure,
+) -> None:
+    """At GPUFLEET_LOG_LEVEL=DEBUG botocore logs each signed request (an STS session token,
+    the access key id), google-auth its token refreshes, urllib3 every URL: secrets."""
+    out = configured("worker", GPUFLEET_LOG_LEVEL="DEBUG")
+    for name in ("botocore.auth", "botocore.endpoint", "google.auth.transport", "urllib3"):
+        logging.getLogger(name).debug("x-amz-security-token:SECRET-%s", name)
+        logging.getLogger(name).info("Authorization: Bearer SECRET-%s", name)
+    logging.getLogger("botocore.endpoint").warning("retry budget used up")
+    log.debug("our own debug line")
+    assert [line["message"] for line in lines(out)] == [
+        "retry budget used up",
+        "our own debug line",
+    ]
