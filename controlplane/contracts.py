@@ -654,6 +654,9 @@ class DeploymentKept(Envelope):
     reason: Text = ""
 
 
+MAX_PLANE_LOAD_DEPLOYMENTS = 4096
+
+
 class PlaneLoad(Envelope):
     """Plane -> gateways, >= 1 Hz on ``plane_load_subject(cluster)`` (core NATS)."""
 
@@ -666,7 +669,11 @@ class PlaneLoad(Envelope):
         description="the publisher's period (at most a minute: a gateway counts missed "
         "reports by it)",
     )
-    deployments: list[DeploymentLoad] = Field(default_factory=list)
+    deployments: list[DeploymentLoad] = Field(
+        default_factory=list,
+        max_length=MAX_PLANE_LOAD_DEPLOYMENTS,
+        description="a gateway looks a deployment up here on every request it routes",
+    )
 
 
 Fact = Annotated[

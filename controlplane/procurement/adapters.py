@@ -15,11 +15,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from controlplane.contracts import read_small_file
 from controlplane.db.columns import pool_status
 from controlplane.db.models import Pool
 from controlplane.db.models import Provider as ProviderRow
 from providers.base import InvalidRequest, PoolRef, Provider, PurchaseType
 from providers.registry import create_provider
+
+MAX_CREDENTIALS_BYTES = 256 * 1024
+"""Largest credentials file read (a service-account key is ~2.5 KiB)."""
 
 
 def provider_config(row: ProviderRow, data_dir: Path) -> dict[str, Any]:
@@ -35,12 +39,18 @@ def provider_config(row: ProviderRow, data_dir: Path) -> dict[str, Any]:
             )
     elif scheme == "file":
         try:
-            raw = Path(where).read_text(encoding="utf-8")
+            data = read_small_file(Path(where), MAX_CREDENTIALS_BYTES)
         except OSError as exc:
             raise InvalidRequest(
                 f"provider {row.name!r}: cannot read {where!r} ({exc.strerror}); "
                 "point credentials_ref at a readable JSON file"
             ) from exc
+        if len(data) > MAX_CREDENTIALS_BYTES:
+            raise InvalidRequest(
+                f"provider {row.name!r}: {where!r} is over {MAX_CREDENTIALS_BYTES} bytes; "
+                "point credentials_ref at a JSON object of adapter settings"
+            )
+        raw = data.decode("utf-8", errors="replace")
     elif scheme == "none":
         raw = "{}"
     else:
@@ -80,6 +90,8 @@ class ProviderCache:
         key = (row.id, row.generation)
         with self._lock:
             if key not in self._built:
+                for old in [k for k in self._built if k[0] == row.id]:
+                    del self._built[old]  # an older generation's client is never used again
                 self._built[key] = build_provider(row, self._data_dir)
             return self._built[key]
 

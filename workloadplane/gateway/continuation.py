@@ -37,6 +37,10 @@ DONE = b"data: [DONE]"
 MAX_EVENT_BYTES = 1024 * 1024
 """What the tracker buffers of one SSE event; a bigger one is relayed untracked."""
 
+MAX_TRACKED_CHARS = 4 * 1024 * 1024
+"""Text a stream's tracker keeps for a continuation: past it (more than any model's context)
+the stream is relayed on but no longer continued, and its text is not held."""
+
 
 GUIDED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
           "structured_outputs")  # fmt: skip
@@ -103,7 +107,8 @@ class StreamTracker:
     segment: int = 0
     untracked: bool = False
     """An event was over MAX_EVENT_BYTES: what was delivered is no longer known exactly."""
-    _buffer: bytes = b""
+    _buffer: bytearray = field(default_factory=bytearray)
+    _chars: int = 0  # characters in text
 
     @classmethod
     def of(cls, path: str, payload: dict[str, Any]) -> StreamTracker:
@@ -123,6 +128,8 @@ class StreamTracker:
             return "it was streaming reasoning"
         if self.untracked:
             return f"an event was over {MAX_EVENT_BYTES} bytes"
+        if self._chars > MAX_TRACKED_CHARS:
+            return f"it delivered over {MAX_TRACKED_CHARS} characters"
         return ""
 
     @property
@@ -132,21 +139,32 @@ class StreamTracker:
     def feed(self, chunk: bytes) -> list[bytes]:
         """Whole events of ``chunk`` (plus what was buffered) to send on, each with its
         blank line; the rest waits for the next chunk."""
-        data = self._buffer + chunk
-        *events, self._buffer = data.split(b"\n\n")
+        tail = max(len(self._buffer) - 1, 0)
+        self._buffer += chunk  # in place: an event sent a byte at a time costs linear time
+        if b"\n\n" not in self._buffer[tail:]:
+            if len(self._buffer) > MAX_EVENT_BYTES:
+                return self._overflow([])
+            return []
+        *events, rest = bytes(self._buffer).split(b"\n\n")
+        self._buffer = bytearray(rest)
         out = []
         for raw in events:
             event = self._take(raw)
             if event is not None:
                 out.append(event + b"\n\n")
-        if len(self._buffer) > MAX_EVENT_BYTES:  # never hold more than one bounded event
-            out.append(self._buffer)
-            self._buffer, self.untracked = b"", True
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            return self._overflow(out)
+        return out
+
+    def _overflow(self, out: list[bytes]) -> list[bytes]:
+        """Never hold more than one bounded event: pass the rest on untracked."""
+        out.append(bytes(self._buffer))
+        self._buffer, self.untracked = bytearray(), True
         return out
 
     def next_segment(self) -> None:
         """The stream broke: what comes next is a continuation."""
-        self._buffer = b""
+        self._buffer = bytearray()
         self.earlier_tokens = self.tokens
         self.segment += 1
         self.upstream_error = ""
@@ -169,8 +187,7 @@ class StreamTracker:
         if not isinstance(event, dict):
             return raw
         if "error" in event:  # the plane's own "stream_broken": continue, do not pass it on
-            error = event["error"]
-            self.upstream_error = str(error.get("message") if isinstance(error, dict) else error)
+            self.upstream_error = engine_error(event["error"])
             return None
         choices = event.get("choices") or []
         piece = ""
@@ -195,8 +212,12 @@ class StreamTracker:
         usage = event.get("usage")
         if not isinstance(usage, dict):
             usage = None
-        if piece:
-            self.text.append(piece)
+        if piece and self._chars <= MAX_TRACKED_CHARS:
+            self._chars += len(piece)
+            if self._chars > MAX_TRACKED_CHARS:  # past any context: not continued, not kept
+                self.text.clear()
+            else:
+                self.text.append(piece)
         if usage is not None and choices:  # the engine's running count
             self.tokens = self.earlier_tokens + _count(usage, "completion_tokens")
             if not self.segment and self.prompt_tokens is None:
@@ -302,3 +323,16 @@ def _tokens(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def engine_error(error: object) -> str:
+    """What the gateway keeps (logs, shows in /debug/routes) of an error event in a stream:
+    its code or type and the length of its message, never the message, which an engine may
+    fill with the request's or the answer's text."""
+    if not isinstance(error, dict):
+        return f"an error event ({len(str(error))} characters)"
+    kind = str(error.get("code") or error.get("type") or "unnamed")[:64]
+    kind = "".join(c if c.isprintable() else "?" for c in kind)
+    message = error.get("message")
+    size = len(message) if isinstance(message, str) else 0
+    return f"an error event: {kind} ({size} characters of message)"

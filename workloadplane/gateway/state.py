@@ -23,6 +23,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from controlplane.contracts import (
+    DeploymentLoad,
     DeploymentRoute,
     PlaneLoad,
     RegionPoint,
@@ -105,6 +106,8 @@ class Plane:
     healthy_since: float | None = None
     rtt_s: float | None = None
     load: PlaneLoad | None = None
+    loads: dict[str, DeploymentLoad] = field(default_factory=dict)
+    """``load``'s deployments by name (the last of a name), indexed once per report."""
     load_at: float | None = None
     attempts: set[Attempt] = field(default_factory=set)
     own_at_load: dict[str, int] = field(default_factory=dict)
@@ -123,7 +126,6 @@ class Plane:
         return out
 
     def signals(self) -> PlaneSignals:
-        loads = {d.name: d for d in self.load.deployments} if self.load is not None else {}
         return PlaneSignals(
             cluster=self.cluster,
             ejected=self.health.ejected,
@@ -131,7 +133,7 @@ class Plane:
             healthy_since=self.healthy_since,
             rtt_s=self.rtt_s,
             load_at=self.load_at,
-            loads=loads,
+            loads=self.loads,
             own_in_flight=self.own_in_flight(),
             own_at_load=self.own_at_load,
         )
@@ -239,16 +241,15 @@ class GatewayMetrics:
         return child
 
 
-def _deployment_load(load: PlaneLoad | None, deployment: str) -> tuple[object, ...] | None:
+def _deployment_load(plane: Plane, deployment: str) -> tuple[object, ...] | None:
     """What ``rank`` reads of a plane's load report for ``deployment`` (not its sequence
     number, nor the TTFT it does not use)."""
-    if load is None:
+    if plane.load is None:
         return None
-    found: tuple[object, ...] = ()
-    for d in load.deployments:  # the last of a name, as Plane.signals keeps it
-        if d.name == deployment:
-            found = d.ready_replicas, d.in_flight, d.queue_depth, d.capacity, d.service_rate
-    return found
+    d = plane.loads.get(deployment)
+    if d is None:
+        return ()
+    return d.ready_replicas, d.in_flight, d.queue_depth, d.capacity, d.service_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +358,7 @@ class GatewayState:
         if plane is None:
             return False
         plane.load, plane.load_at = load, now
+        plane.loads = {d.name: d for d in load.deployments}
         plane.own_at_load = plane.own_in_flight()
         return True
 
@@ -480,7 +482,7 @@ class GatewayState:
                 plane.healthy_since,
                 plane.rtt_s,
                 plane.load_at is None,  # its age counts through _steady_until's edges
-                _deployment_load(plane.load, deployment),
+                _deployment_load(plane, deployment),
                 plane.own_at_load.get(deployment, 0),
                 plane.own_count(deployment) if plane.attempts else 0,
             )

@@ -29,7 +29,8 @@ def test_a_secret_or_a_config_file_in_engine_args_is_refused_saying_what_to_do(a
 
 
 @pytest.mark.parametrize(
-    "arg", ["--hf-overrides={}", "--hf-config-path=/m", "--api-server-count=2", "--config-format=hf"]
+    "arg",
+    ["--hf-overrides={}", "--hf-config-path=/m", "--api-server-count=2", "--config-format=hf"],
 )
 def test_neighbouring_flags_stay_allowed(arg):
     assert checked_engine_args([arg]) == [arg]

@@ -249,7 +249,10 @@ def test_a_value_the_database_refuses_becomes_a_rejected_report_not_a_retry():
         {"deployments": [{"name": "chat", "capacity": 10**400}]},  # overflowed the ranking
         {"deployments": [{"name": "chat", "service_rate": "Infinity"}]},
         {"interval_seconds": 1e308},  # a plane that stops would never be missed
+        # ~20k entries fit under the byte cap, each scanned on every request routed
+        {"deployments": [{"name": ""}] * (c.MAX_PLANE_LOAD_DEPLOYMENTS + 1)},
     ],
+    ids=["capacity", "service_rate", "interval", "entries"],
 )
 def test_a_plane_load_report_a_gateway_could_not_rank_with_is_refused(load):
     raw = json.dumps({"source": "cluster/p1", "cluster": "p1", "type": "plane_load", **load})

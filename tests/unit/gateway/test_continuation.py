@@ -94,7 +94,8 @@ def test_a_planes_own_stream_error_is_not_passed_on_but_continued():
         "error": {"message": "replica died", "type": "upstream_error", "code": "stream_broken"}
     }
     assert t.feed(delta(" a") + event(error)) == [delta(" a")]
-    assert t.upstream_error == "replica died" and not t.done
+    assert t.upstream_error == "an error event: stream_broken (12 characters of message)"
+    assert not t.done
 
 
 def test_an_event_over_the_bound_is_relayed_untracked_and_not_continued():
@@ -169,9 +170,11 @@ def test_an_engine_error_then_done_is_a_break_not_an_end():
     """vLLM ends a stream that failed mid-way with its error event and ``[DONE]``: passed
     on, the client would take a cut answer for a whole one."""
     t = StreamTracker(chat=True)
-    error = {"error": {"message": "engine died", "type": "internal_server_error", "code": 500}}
+    error = {"error": {"message": "engine died: SECRET", "type": "internal_server_error",
+                       "code": 500}}  # fmt: skip
     assert t.feed(delta(" a") + event(error) + b"data: [DONE]\n\n") == [delta(" a")]
-    assert t.upstream_error == "engine died" and not t.done
+    assert t.upstream_error == "an error event: 500 (19 characters of message)" and not t.done
+    # the message may quote the prompt or the answer: never kept, so never logged
     t.next_segment()  # continued elsewhere: that segment's [DONE] ends the stream
     assert t.feed(delta(" b") + b"data: [DONE]\n\n")[-1] == b"data: [DONE]\n\n"
     assert t.done and t.delivered == " a b"
@@ -232,3 +235,26 @@ def test_the_continued_limits_are_the_ones_the_engine_reads():
         assert body is not None and body["max_tokens"] == 98
     body = after_two(CHAT, {"messages": user, "max_tokens": 100, "min_tokens": 50})
     assert body is not None and (body["max_tokens"], body["min_tokens"]) == (98, 48)
+
+
+def test_an_event_sent_a_byte_at_a_time_is_whole_and_costs_linear_time():
+    """Each chunk copied the whole buffer: a plane sending an event of ~1 MiB a byte at a
+    time cost the gateway ~10^11 bytes of copying (minutes of CPU on its one loop)."""
+    import time
+
+    big = delta("x" * 800_000)
+    t = StreamTracker(chat=True)
+    began = time.process_time()
+    out = [e for i in range(len(big)) for e in t.feed(big[i : i + 1])]
+    assert time.process_time() - began < 8
+    assert out == [big] and t.delivered == "x" * 800_000 and not t.untracked
+
+
+def test_a_stream_without_end_is_relayed_on_but_its_text_is_not_held(monkeypatch):
+    import workloadplane.gateway.continuation as continuation
+
+    monkeypatch.setattr(continuation, "MAX_TRACKED_CHARS", 1000)
+    t = StreamTracker(chat=True)
+    out = [e for _ in range(30) for e in t.feed(delta("y" * 50))]
+    assert len(out) == 30  # every event still goes to the client
+    assert t.text == [] and t.why_not == "it delivered over 1000 characters"
