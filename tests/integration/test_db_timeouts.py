@@ -9,7 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from controlplane.api.app import create_app
 from controlplane.db.session import make_engine, make_session_factory
@@ -34,8 +34,9 @@ def test_a_session_frozen_inside_a_transaction_is_ended_and_its_locks_freed(data
                     assert time.monotonic() < deadline, "the frozen session kept its lock"
                     time.sleep(0.1)
                 conn.rollback()
-            with pytest.raises(OperationalError):  # thawed: its transaction is gone
+            with pytest.raises(DBAPIError) as thawed:  # thawed: its transaction is gone
                 stuck.execute(text("SELECT 1"))
+            assert thawed.value.connection_invalidated  # dropped from the pool; API: a 503
     finally:
         frozen.dispose()
         other.dispose()
