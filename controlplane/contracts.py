@@ -57,6 +57,11 @@ MAX_ROUTES_BYTES = 4 * 1024 * 1024
 """Largest routing table a gateway accepts (the bucket's max value size)."""
 MAX_PLANE_LOAD_BYTES = 256 * 1024
 """Largest load report a gateway accepts; a bigger one is dropped and counted."""
+MAX_REPORT_BYTES = 8 * 1024 * 1024
+"""A plane's report (heartbeat or fact): bounded whatever NATS's max_payload is raised to."""
+MAX_REPORT_REPLICAS = 65_536
+MAX_REPORT_ENTRIES = 4096
+"""Deployments, pools, and waiting deployments per pool, in one heartbeat."""
 
 
 SECRET_ENV_WORDS = ("PASSWORD", "SECRET", "CREDENTIAL", "CREDS", "PRIVATE_KEY", "ACCESS_KEY",
@@ -400,11 +405,11 @@ class OutcomeCounters(Model):
 
 class DeploymentObserved(Model):
     name: Id
-    demand: int = Field(default=0, ge=0, description="replicas the autoscaler wants, even > max")
-    in_flight: int = Field(default=0, ge=0)
-    queue_depth: int = Field(default=0, ge=0)
-    tokens_per_second: float = Field(default=0.0, ge=0)
-    utilisation: float = Field(default=0.0, ge=0)
+    demand: Count = Field(default=0, description="replicas the autoscaler wants, even > max")
+    in_flight: Count = 0
+    queue_depth: Count = 0
+    tokens_per_second: float = Field(default=0.0, ge=0, le=1e15)
+    utilisation: float = Field(default=0.0, ge=0, le=1e6)
     usage: TokenCounters | None = Field(
         default=None, description="the router's token and byte counters (added within v1)"
     )
@@ -423,12 +428,14 @@ class FreeCapacity(Model):
 
     gpu_type: Id
     pool: Id | None = None
-    gpus: int = Field(ge=0)
-    total_gpus: int | None = Field(
-        default=None, ge=0, description="GPUs the plane can use in this pool (None: unknown)"
+    gpus: Count
+    total_gpus: Count | None = Field(
+        default=None, description="GPUs the plane can use in this pool (None: unknown)"
     )
-    waiting_replicas: dict[str, int] = Field(
-        default_factory=dict, description="per deployment: replicas that cannot start here"
+    waiting_replicas: dict[Id, Count] = Field(
+        default_factory=dict,
+        max_length=MAX_REPORT_ENTRIES,
+        description="per deployment: replicas that cannot start here",
     )
 
 
@@ -586,12 +593,14 @@ class ObservedState(Envelope):
     """Cluster → control plane heartbeat, every few seconds."""
 
     type: Literal["observed_state"] = "observed_state"
-    observed_generation: int = Field(default=0, ge=0)
-    observed_epoch: int = Field(default=0, ge=0, description="epoch of observed_generation")
+    observed_generation: Count = 0
+    observed_epoch: Count = Field(default=0, description="epoch of observed_generation")
     agent_version: Annotated[str, Field(max_length=32), AfterValidator(_no_nul)] = ""
-    replicas: list[ReplicaStatus] = Field(default_factory=list)
-    deployments: list[DeploymentObserved] = Field(default_factory=list)
-    free_capacity: list[FreeCapacity] = Field(default_factory=list)
+    replicas: list[ReplicaStatus] = Field(default_factory=list, max_length=MAX_REPORT_REPLICAS)
+    deployments: list[DeploymentObserved] = Field(
+        default_factory=list, max_length=MAX_REPORT_ENTRIES
+    )
+    free_capacity: list[FreeCapacity] = Field(default_factory=list, max_length=MAX_REPORT_ENTRIES)
 
 
 class ReplicaStarted(Envelope):
@@ -622,7 +631,7 @@ class CapacityExhausted(Envelope):
     type: Literal["capacity_exhausted"] = "capacity_exhausted"
     deployment: Id
     pool: Id | None = None
-    wanted: int = Field(default=0, ge=0)
+    wanted: Count = 0
     reason: Text = ""
 
 
@@ -631,16 +640,16 @@ class ReplicasScaled(Envelope):
 
     type: Literal["replicas_scaled"] = "replicas_scaled"
     deployment: Id
-    from_replicas: int = Field(default=0, ge=0)
-    to_replicas: int = Field(default=0, ge=0)
+    from_replicas: Count = 0
+    to_replicas: Count = 0
     reason: Text = ""
     panic: bool = False
 
 
 class DesiredStateApplied(Envelope):
     type: Literal["desired_state_applied"] = "desired_state_applied"
-    generation: int = Field(ge=1)
-    epoch: int = Field(default=0, ge=0, description="epoch of the generation applied")
+    generation: int = Field(ge=1, le=COUNT_MAX)
+    epoch: Count = Field(default=0, description="epoch of the generation applied")
 
 
 class DeploymentKept(Envelope):
@@ -785,6 +794,10 @@ def _describe(exc: ValidationError) -> str:
 
 def decode_report(data: bytes) -> ObservedState | Fact:
     """Parse a cluster → control plane message, or raise RejectedMessageError."""
+    if len(data) > MAX_REPORT_BYTES:
+        raise RejectedMessageError(
+            "oversized", f"{len(data)} bytes is over the {MAX_REPORT_BYTES}-byte limit"
+        )
     return _validated(data, _REPORT.validate_json, _REPORT.validate_python)
 
 

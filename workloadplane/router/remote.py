@@ -37,6 +37,10 @@ class _Seen:
     state: str
 
 
+MALFORMED = (ValueError, KeyError, TypeError, AttributeError)
+"""What ``apply_report`` raises for an answer of the wrong shape."""
+
+
 class RemoteRouter(Router):
     def __init__(
         self,
@@ -60,26 +64,29 @@ class RemoteRouter(Router):
         self._unreachable = False
 
     def apply_report(self, report: dict, now: float) -> None:
-        """Take one ``/internal/load`` answer (``Router.load_report``)."""
-        self._deployments = {
+        """Take one ``/internal/load`` answer (``Router.load_report``): all of it or, when
+        it is not of that shape (KeyError, TypeError, AttributeError, ValueError), none."""
+        deployments = {
             name: (int(d["in_flight"]), int(d["queued"]))
             for name, d in report["deployments"].items()
         }
-        self._replicas = {
+        replicas = {
             rid: _Seen(int(r["in_flight"]), str(r["state"]))
             for rid, r in report["replicas"].items()
         }
-        self._counters = {
+        counters = {
             name: TokenCounters.model_validate(u) for name, u in report.get("usage", {}).items()
         }
-        self._outcome_counters = {
+        outcomes = {
             name: OutcomeCounters.model_validate(o)
             for name, o in report.get("outcomes", {}).items()
         }
+        at_zero = [name for name, d in report["deployments"].items() if d.get("at_zero")]
+        self._deployments, self._replicas = deployments, replicas
+        self._counters, self._outcome_counters = counters, outcomes
         self._at = now
-        for name, d in report["deployments"].items():
-            if d.get("at_zero"):
-                self.scale_from_zero.add(name)
+        for name in at_zero:
+            self.scale_from_zero.add(name)
 
     @property
     def fresh(self) -> bool:
@@ -126,7 +133,15 @@ class RemoteRouter(Router):
         while True:
             try:
                 await self.poll()
-            except (UpstreamError, TimeoutError, ValueError, KeyError) as exc:
+            except (
+                UpstreamError,
+                TimeoutError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+            ) as exc:
+                # a wrong-shaped answer (a list, a null) too: the poller must outlive it
                 if not self._unreachable:
                     log.warning("the plane's router does not answer /internal/load: %s", exc)
                 self._unreachable = True

@@ -306,3 +306,45 @@ def test_a_drain_deadline_without_a_zone_is_read_as_utc():
     desired = c.decode_desired(_desired([_entry()], instances=[instance]))
     deadline = desired.instances[0].drain_deadline
     assert deadline is not None and deadline.utcoffset() == timedelta(0)
+
+
+def _beat(**fields: object) -> bytes:
+    return json.dumps(
+        {"type": "observed_state", "source": "cluster/p1", "cluster": "p1", **fields}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # past int64: the sink's arithmetic and columns failed, the message was redelivered
+        # for good and held the consumer's ack floor (liveness suspended fleet-wide)
+        _beat(observed_generation=2**63),
+        _beat(deployments=[{"name": "chat", "demand": 10**30}]),
+        _beat(free_capacity=[{"gpu_type": "H100", "gpus": 1, "waiting_replicas": {"x" * 200: 1}}]),
+        _beat(
+            free_capacity=[
+                {
+                    "gpu_type": "H100",
+                    "gpus": 1,
+                    "waiting_replicas": {f"d{i}": 1 for i in range(5000)},
+                }
+            ]
+        ),
+        _beat(free_capacity=[{"gpu_type": "H100", "gpus": -1}]),
+        _beat(deployments=[{"name": f"d{i}"} for i in range(c.MAX_REPORT_ENTRIES + 1)]),
+        _beat(agent_version="x" * 10) + b" " * c.MAX_REPORT_BYTES,  # over the byte cap
+    ],
+    ids=["generation", "demand", "waiting-name", "waiting-many", "gpus", "entries", "bytes"],
+)
+def test_a_heartbeat_out_of_bounds_is_refused_not_recorded(raw: bytes):
+    with pytest.raises(c.RejectedMessageError):
+        c.decode_report(raw)
+
+
+def test_a_heartbeat_within_bounds_is_read():
+    beat = c.decode_report(_beat(observed_generation=2**63 - 1, free_capacity=[
+        {"gpu_type": "H100", "gpus": 8, "waiting_replicas": {"chat": 2}}]))  # fmt: skip
+    assert isinstance(beat, c.ObservedState) and beat.free_capacity[0].waiting_replicas == {
+        "chat": 2
+    }

@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.unit.workloadplane.builders import make_deployment, make_desired, make_replica
 from workloadplane.router.core import Router, Ticket
 from workloadplane.router.follower import PlaneFollower
@@ -97,6 +99,24 @@ def test_the_agent_reads_the_routers_load_across_the_boundary():
     clock.now += 2.5  # the router stopped answering: what runs on a replica is not known
     assert not remote.fresh and remote.replica_in_flight("a") is None
     assert remote.load("chat") == (0, 0)  # the heartbeat's counts only
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], {"deployments": []}, {"deployments": {"chat": None}, "replicas": {}},
+     {"deployments": {}, "replicas": {"a": {"in_flight": "x", "state": "ready"}}}],
+)  # fmt: skip
+def test_an_answer_of_the_wrong_shape_changes_nothing_and_is_caught_by_the_poller(bad):
+    """A list or a null where a map was raised AttributeError/TypeError, which the poller
+    did not catch: it died, and the plane's load went stale for good."""
+    from workloadplane.router.remote import MALFORMED
+
+    clock = Clock()
+    remote = RemoteRouter("127.0.0.1", 1, clock=clock)
+    remote.apply_report(report(a=(3, "ready")), clock())
+    with pytest.raises(MALFORMED):
+        remote.apply_report(bad, clock())
+    assert remote.load("chat") == (3, 2) and remote.replica_in_flight("a") == 3
 
 
 def test_a_drain_waits_until_the_router_has_seen_it():
