@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -210,9 +211,29 @@ class Settings(BaseSettings):
         return self
 
 
+class SettingsError(SystemExit):
+    """Settings that do not validate: says which variable and why, never its value (a URL
+    there may carry a password). A SystemExit: the process stops with this line, no
+    traceback (pydantic's own error prints every input value)."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """``Settings`` from the environment (and ``.env``) with ``overrides``; SettingsError
+    when they do not validate."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_input=False, include_url=False):
+            field = str(error["loc"][0]) if error["loc"] else ""
+            name = f"GPUFLEET_{field.upper()}" if field else "the settings"
+            lines.append(f"{name}: {error['msg']}")
+        raise SettingsError("gpufleet cannot start: " + "; ".join(lines)) from None
+
+
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 def db_timeouts(settings: Settings) -> dict[str, float]:

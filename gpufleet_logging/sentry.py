@@ -41,6 +41,17 @@ def scrub(event: dict[str, Any], hint: object = None) -> dict[str, Any]:
     for exc in (event.get("exception") or {}).get("values") or []:
         for frame in (exc.get("stacktrace") or {}).get("frames") or []:
             frame.pop("vars", None)
+    # breadcrumbs: earlier log lines and HTTP calls with their URLs (a Slack webhook's path
+    # is its secret); only the category and level of each stay
+    crumbs = event.get("breadcrumbs")
+    values = crumbs.get("values") if isinstance(crumbs, dict) else crumbs
+    if isinstance(values, list):
+        kept = [
+            {k: c[k] for k in ("category", "level", "timestamp", "type") if k in c}
+            for c in values
+            if isinstance(c, dict)
+        ]
+        event["breadcrumbs"] = {"values": kept}
     rid = current_request_id()
     if rid:
         event.setdefault("tags", {})["request_id"] = rid

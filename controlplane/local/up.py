@@ -39,7 +39,7 @@ from controlplane.local.supervisor import (
     UpError,
     stop_recorded_replicas,
 )
-from controlplane.settings import Settings
+from controlplane.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -537,7 +537,7 @@ def run_up(
         overrides["data_dir"] = data_dir
     if api_port is not None:
         overrides["api_port"] = api_port
-    settings = Settings(**overrides)
+    settings = load_settings(**overrides)
     data = settings.data_dir.resolve()
     (data / "logs").mkdir(parents=True, exist_ok=True)
     run_dir = data / "run"

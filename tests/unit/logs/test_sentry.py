@@ -3,6 +3,7 @@ an SDK started without personal data (a fake sentry_sdk module stands in for the
 
 from __future__ import annotations
 
+import json
 import sys
 from types import ModuleType
 from typing import Any
@@ -82,3 +83,20 @@ def test_scrub_strips_bodies_credentials_and_frame_variables() -> None:
     assert out["request"]["headers"] == {"Content-Type": "application/json"}
     assert out["request"]["url"].endswith("/v1/chat/completions")
     assert out["tags"] == {"request_id": "req-9"}
+
+
+def test_scrub_keeps_no_breadcrumb_text() -> None:
+    """Breadcrumbs carry earlier log lines and every HTTP call's URL: the events webhook's
+    (a Slack URL's path is its secret) went to Sentry with the next error."""
+    url = "https://hooks.slack.com/services/T/B/S3CRET"
+    crumbs = [
+        {"category": "httplib", "type": "http", "level": "info", "data": {"url": url}},
+        {"category": "gpufleet.worker", "level": "info", "message": f"posted to {url}"},
+    ]
+    for shape in ({"values": crumbs}, crumbs):
+        out = scrub({"breadcrumbs": json.loads(json.dumps(shape))})
+        assert "S3CRET" not in json.dumps(out)
+        assert [c["category"] for c in out["breadcrumbs"]["values"]] == [
+            "httplib",
+            "gpufleet.worker",
+        ]
