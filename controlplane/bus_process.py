@@ -47,6 +47,7 @@ from controlplane.contracts import DesiredState, RoutingTable, encode, utcnow
 from controlplane.db.models import Cluster
 from controlplane.db.session import make_engine, make_session_factory, transaction
 from controlplane.liveness import CatchUp
+from controlplane.replans import ReplanRequests
 from controlplane.routes import RouteBook
 from controlplane.services import epochs, publication
 from controlplane.services import routes as routes_service
@@ -376,10 +377,9 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     factory = make_session_factory(
         make_engine(settings.database_url, pool_size=4, **db_timeouts(settings))
     )
-    loop = asyncio.get_running_loop()
 
-    def on_change(reason: str) -> None:  # the broker call blocks: keep it off the loop
-        loop.run_in_executor(None, trigger_replan, reason)
+    # the broker call blocks: off the loop, and a burst of reports asks for one re-plan
+    on_change = ReplanRequests(trigger_replan).request
 
     bounds = Bounds(
         demand_factor=settings.report_demand_factor,

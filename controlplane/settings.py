@@ -140,6 +140,13 @@ class Settings(BaseSettings):
     cost_ledger_retention_days: int = Field(
         default=400, ge=1, description="cost ledger and token usage rows older than this go"
     )
+    events_retention_days: int = Field(
+        default=90,
+        ge=1,
+        le=36500,
+        description="events recorded longer ago than this go (also any the webhook export "
+        "has not sent by then)",
+    )
     cost_window_max_days: int = Field(
         default=400, ge=1, description="the longest window `GET /costs` answers for"
     )

@@ -25,7 +25,7 @@ from controlplane.procurement import tasks as procurement
 from controlplane.procurement.adapters import ProviderCache
 from controlplane.procurement.core import Action
 from controlplane.procurement.tasks import Deps
-from controlplane.services import costs, rollouts
+from controlplane.services import costs, records, rollouts
 from controlplane.services.clusters import update_liveness
 from controlplane.services.placement import replan as run_replan
 from controlplane.services.spend import limits_from
@@ -259,10 +259,16 @@ def register(app: Celery, worker: Callable[[], Worker]) -> None:
 
     @app.task(name=ACCRUE_COSTS, shared=False)
     def accrue_costs() -> dict[str, object]:
-        """Add the time since the last accrual to the cost ledger (docs/cost.md)."""
+        """Add the time since the last accrual to the cost ledger (docs/cost.md); drop the
+        events past their retention (`GPUFLEET_EVENTS_RETENTION_DAYS`)."""
         w = worker()
+        now = datetime.now(UTC)
         with transaction(w.procurement.factory) as session:
-            done = costs.accrue(session, datetime.now(UTC), ledger_policy(w.settings))
+            done = costs.accrue(session, now, ledger_policy(w.settings))
+            retention = timedelta(days=w.settings.events_retention_days)
+            dropped = records.drop_old_events(session, now, retention)
+        if dropped:
+            log.info("dropped %d event(s) older than %s", dropped, retention)
         for pool in done.warned:
             log.warning("reservation %s: expiry warning (see its ReservationExpiring event)", pool)
         return {"rows": done.rows, "cost": round(done.cost, 6), "warned": done.warned}

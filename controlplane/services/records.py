@@ -10,10 +10,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.orm import Session
 
 from controlplane.db import models as m
@@ -211,3 +211,11 @@ def _decode(cursor: str) -> tuple[datetime, str]:
     if len(row_id) > 64 or not row_id.isprintable():
         raise BadRequest("cursor is not valid; pass next_cursor from the previous page")
     return at, row_id
+
+
+def drop_old_events(session: Session, now: datetime, retention: timedelta) -> int:
+    """The events' retention: those recorded before ``now - retention`` go (a plane
+    reporting facts, and every heartbeat that changes what a cluster can hold, add rows for
+    as long as the fleet runs). Returns how many went."""
+    result = session.execute(delete(m.Event).where(m.Event.time < now - retention))
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -153,13 +153,22 @@ def test_retention_drops_old_rows(admin, session_factory):
     assert oldest is not None and oldest >= T0 + timedelta(days=1)
 
 
-def test_the_worker_task_accrues(admin, session_factory):
+def test_the_worker_task_accrues_and_drops_events_past_their_retention(admin, session_factory):
+    """Events had no retention: a plane's facts and every capacity change added rows for as
+    long as the fleet ran."""
     fleet(admin, session_factory)
+    now = datetime.now(UTC)
+    with session_factory() as s, s.begin():
+        for name, age in (("old", timedelta(days=91)), ("recent", timedelta(days=89))):
+            s.add(m.Event(time=now - age, type="Test", object_kind="cluster", object_name=name,
+                          message="m"))  # fmt: skip
     task = _tasks(session_factory)[ACCRUE_COSTS]
     task.run()
     task.run()
     with session_factory() as s:
         assert s.get(m.CostAccrual, 1) is not None
+        kept = s.scalars(select(m.Event.object_name).where(m.Event.type == "Test")).all()
+    assert kept == ["recent"]  # the default retention: 90 days
 
 
 def usage(since: str, inp: int, out: int, size: int, crossed: int = 0) -> list[DeploymentObserved]:

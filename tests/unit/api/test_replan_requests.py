@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from controlplane.api.main import ReplanRequests
+from controlplane.api.main import _send_replan
+from controlplane.replans import ReplanRequests
 
 
 def test_requests_never_block_and_a_burst_becomes_one_more_send(monkeypatch):
@@ -20,13 +21,13 @@ def test_requests_never_block_and_a_burst_becomes_one_more_send(monkeypatch):
         assert release.wait(10)  # a broker that hangs until the test lets it go
 
     monkeypatch.setattr(celery_app, "send_task", slow_broker)
-    requests = ReplanRequests(min_gap_s=0.0)
-    requests.request("Pool")
+    requests = ReplanRequests(_send_replan, min_gap_s=0.0)
+    requests.changed("Pool")
     assert first_sent.wait(5)
 
     started = time.monotonic()
     for kind in ("Pool", "Cluster", "Deployment", "Pool"):
-        requests.request(kind)  # while the sender is stuck on the broker
+        requests.changed(kind)  # while the sender is stuck on the broker
     assert time.monotonic() - started < 0.05
 
     release.set()

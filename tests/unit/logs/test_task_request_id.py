@@ -13,7 +13,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 import controlplane.tasks  # noqa: F401  # its signal receivers carry and bind the request id
-from controlplane.api.main import ReplanRequests
+from controlplane.replans import ReplanRequests
 from gpufleet_logging import current_request_id, request_id_bound
 
 
@@ -55,13 +55,13 @@ def test_a_coalesced_replan_carries_the_first_writes_request_id() -> None:
         (first if len(sent) == 1 else second).set()
         assert release.wait(10)
 
-    requests = ReplanRequests(min_gap_s=0.0, send=send)
+    requests = ReplanRequests(send, min_gap_s=0.0)
     with request_id_bound("w1"):
-        requests.request("Pool")
+        requests.changed("Pool")
     assert first.wait(5)
     for rid, kind in (("w2", "Cluster"), ("w3", "Deployment")):
         with request_id_bound(rid):
-            requests.request(kind)  # while the sender is stuck
+            requests.changed(kind)  # while the sender is stuck
     release.set()
     assert second.wait(5)
     assert sent == [("Pool changed", "w1"), ("Cluster changed, Deployment changed", "w2")]
