@@ -114,6 +114,16 @@ class Settings(BaseSettings):
         "deployment since its last recorded report (more is counted as this)",
     )
     report_bytes_per_s_max: int = Field(default=2_000_000_000, ge=1)
+    report_facts_per_s: float = Field(
+        default=50.0,
+        gt=0,
+        le=1e6,
+        description="facts one cluster may send per second, sustained; past it (and the "
+        "burst) a fact is dropped and counted (`fact_rate`)",
+    )
+    report_facts_burst: float = Field(
+        default=5000.0, ge=1, le=1e9, description="facts one cluster may send at once"
+    )
     spend_guard_window_s: float = Field(
         default=3600.0, gt=0, description="the spend guard's sliding window"
     )

@@ -58,6 +58,32 @@ class Bounds:
     recorded report)."""
     bytes_per_s_max: int = 2_000_000_000
     """The same for response bytes."""
+    facts_per_s: float = 50.0
+    """Facts one cluster may send per second, sustained (``FactBudget``)..."""
+    facts_burst: float = 5000.0
+    """... and at once (a plane restarting reports each replica it finds)."""
+
+
+class FactBudget:
+    """A token bucket per cluster: a plane flooding facts (each with a fresh id) made an
+    event row and asked for a re-plan each; past its budget a fact is dropped and counted
+    (``fact_rate``). Pure: the caller passes the time (seconds)."""
+
+    MAX_CLUSTERS = 10_000
+
+    def __init__(self, per_s: float, burst: float) -> None:
+        self.per_s, self.burst = per_s, burst
+        self._level: dict[str, tuple[float, float]] = {}  # cluster → (tokens, at)
+
+    def take(self, cluster: str, now: float) -> bool:
+        """Spend one fact of ``cluster``'s budget at ``now``; False: over budget."""
+        tokens, at = self._level.get(cluster, (self.burst, now))
+        tokens = min(self.burst, tokens + max(now - at, 0.0) * self.per_s)
+        ok = tokens >= 1.0
+        if len(self._level) >= self.MAX_CLUSTERS and cluster not in self._level:
+            self._level.clear()  # clusters come and go: a full map starts every one afresh
+        self._level[cluster] = (tokens - 1.0 if ok else tokens, now)
+        return ok
 
 
 @dataclass(frozen=True)

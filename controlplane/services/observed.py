@@ -44,6 +44,7 @@ from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
 from controlplane.trust import (
     Bounds,
+    FactBudget,
     Given,
     Rejection,
     check_observed,
@@ -74,6 +75,8 @@ class DbSink:
         self._bounds = bounds or Bounds()
         self._rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
         self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
+        self._facts = FactBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
+        self._over_budget_logged: dict[str, datetime] = {}
 
     async def record_observed(
         self, cluster: str, state: ObservedState, received_at: datetime
@@ -86,6 +89,20 @@ class DbSink:
         return rejected
 
     async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
+        if not self._facts.take(cluster, received_at.timestamp()):
+            last = self._over_budget_logged.get(cluster)
+            if last is None or received_at - last >= timedelta(minutes=1):
+                if len(self._over_budget_logged) >= FactBudget.MAX_CLUSTERS:
+                    self._over_budget_logged.clear()
+                self._over_budget_logged[cluster] = received_at
+                log.warning(
+                    "%s: sends facts faster than %g/s (burst %g): dropping them until it "
+                    "slows (counted as fact_rate); its heartbeats still count",
+                    cluster,
+                    self._bounds.facts_per_s,
+                    self._bounds.facts_burst,
+                )
+            return ["fact_rate"]
         with _refused_by_the_database(fact):
             reason, rejected = await asyncio.to_thread(
                 self._checked_fact, cluster, fact, received_at

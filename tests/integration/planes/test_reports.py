@@ -104,3 +104,30 @@ async def test_a_heartbeat_older_than_the_one_recorded_changes_nothing(admin, se
     status = admin.get("clusters/use1-a").json()["status"]
     assert status["agent_version"] == "2.0"
     assert datetime.fromisoformat(status["last_heartbeat_at"]) == now
+
+
+async def test_a_plane_flooding_facts_is_held_to_its_budget_and_its_heartbeats_still_count(
+    admin, session_factory
+):
+    """Each fact with a fresh id was an event row (and, for some kinds, a re-plan): a plane
+    looping on facts grew the database without bound."""
+    from controlplane.trust import Bounds
+
+    b.seed(admin)
+    admin.post("deployments", b.deployment())
+    sink = DbSink(session_factory, bounds=Bounds(facts_per_s=1.0, facts_burst=5.0))
+    at = datetime.now(UTC)
+
+    def scaled(i: int) -> ReplicasScaled:
+        return ReplicasScaled(cluster="use1-a", source="cluster/use1-a", deployment="chat-llm",
+                              from_replicas=i, to_replicas=i + 1, reason="flood")  # fmt: skip
+
+    verdicts = [await sink.record_fact("use1-a", scaled(i), at) for i in range(20)]
+    assert verdicts == [[]] * 5 + [["fact_rate"]] * 15
+    assert await sink.record_fact("use1-a", scaled(99), at + timedelta(seconds=2)) == []
+    with session_factory() as s:
+        events = s.scalars(select(m.Event).where(m.Event.type == "ReplicasScaled")).all()
+    assert len(events) == 6  # the burst, then one a second
+    beat = ObservedState(cluster="use1-a", source="cluster/use1-a")
+    assert await sink.record_observed("use1-a", beat, at) == []  # not held by the budget
+    assert admin.get("clusters/use1-a").json()["status"]["state"] == "healthy"
