@@ -27,6 +27,7 @@ from datetime import datetime
 from wsgiref.simple_server import WSGIServer
 
 import nats
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from prometheus_client import start_http_server
 from sqlalchemy import select
@@ -103,6 +104,14 @@ class SnapshotLoop:
         self._known: set[str] | None = None  # clusters with a key: the bucket's, at start
         self._too_large: set[str] = set()
         self._failing: dict[str, str] = {}
+
+    def forget(self) -> None:
+        """The bucket was made again (the NATS server lost its store): publish every
+        cluster's desired state afresh at the next tick."""
+        self._published.clear()
+        self._known = None
+        self._failing.clear()
+        self._publisher.forget()
 
     async def tick(self) -> None:
         """Never raises: what fails is logged and tried again (a cluster's publication at
@@ -210,6 +219,11 @@ class RoutesLoop:
         self._built_at: float | None = None
         self._published: tuple[int, int] | None = None
         self._left_out: tuple[object, ...] = ()
+
+    def forget(self) -> None:
+        """The bucket was made again: build and publish the table at the next tick."""
+        self._fingerprint = self._built_at = self._published = None
+        self._publisher.forget()
 
     async def tick(self) -> None:
         try:
@@ -344,15 +358,22 @@ async def keep_progress(
     stop: asyncio.Event,
     name: str = DURABLE_NAME,
     clock: Callable[[], datetime] = utcnow,
+    lost: asyncio.Event | None = None,
 ) -> None:
     """Every `every_s`: sample the consumer's progress and record it. A failure (NATS or
-    PostgreSQL away) skips one sample: the horizon then stays put, which is the truth."""
+    PostgreSQL away) skips one sample: the horizon then stays put, which is the truth. The
+    stream or the consumer not found on the server sets ``lost`` (`run_bus` makes them
+    again)."""
     catch_up = CatchUp()
     while not stop.is_set():
         try:
             now = clock()  # before asking: the sample claims no more than the stream held
             progress = await consumer.progress()
             await asyncio.to_thread(record_progress, factory, name, catch_up, progress, now)
+        except NotFoundError as exc:  # the stream or our consumer is gone
+            log.warning("the reports stream or its consumer is missing on NATS: %s", exc)
+            if lost is not None:
+                lost.set()
         except Exception as exc:  # logged; retried on the next tick
             log.warning("could not record the bus's progress: %s", exc)
         with contextlib.suppress(TimeoutError):
@@ -394,13 +415,35 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
     sink = DbSink(factory, on_change=on_change, bounds=bounds)
     consumer = ReportConsumer(js, sink)
     await consumer.start()
+    lost = asyncio.Event()
     progress = asyncio.create_task(
-        keep_progress(consumer, factory, settings.bus_progress_every_s, stop)
+        keep_progress(consumer, factory, settings.bus_progress_every_s, stop, lost=lost)
     )
     snapshots = SnapshotLoop(factory, kv, nc.max_payload)  # the server's, from its INFO
     routes = RoutesLoop(factory, routes_kv, nc.max_payload)
+
+    async def make_again() -> None:
+        """The NATS server lost the bus's streams (restarted on an empty store, or they
+        were deleted): make them again, bind the consumer again, publish everything."""
+        lost.clear()
+        try:
+            await ensure_bus(js)
+            await consumer.stop()
+            await consumer.start()
+        except Exception as exc:  # NATS still away: the next progress sample says again
+            log.warning("could not make the bus's streams again yet: %s", exc)
+            return
+        snapshots.forget()
+        routes.forget()
+        log.warning(
+            "the NATS server had lost the bus's streams (restarted on an empty store?): made "
+            "them again; publishing every desired state and the routing table again"
+        )
+
     try:
         while not stop.is_set():
+            if lost.is_set():
+                await make_again()
             await snapshots.tick()
             await routes.tick()
             with contextlib.suppress(TimeoutError):

@@ -150,6 +150,10 @@ class DesiredPublisher:
         # cluster -> ((epoch, generation), kv revision) of the last snapshot we wrote or saw
         self._last: dict[str, tuple[tuple[int, int], int]] = {}
 
+    def forget(self) -> None:
+        """The revisions written are gone (the bucket was made again): compare afresh."""
+        self._last.clear()
+
     async def publish(self, state: DesiredState) -> PublishResult:
         """Raises `DesiredStateTooLarge` (writing nothing) if the snapshot cannot be sent."""
         payload = encode(state)

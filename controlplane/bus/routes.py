@@ -92,6 +92,10 @@ class RoutesPublisher:
             self._limit = min(self._limit, max_payload - HEADER_ROOM)
         self._last: tuple[tuple[int, int], int] | None = None
 
+    def forget(self) -> None:
+        """The revision written is gone (the bucket was made again): compare afresh."""
+        self._last = None
+
     async def publish(self, table: RoutingTable) -> RoutesResult:
         payload = encode_table(table)
         if len(payload) > self._limit:

@@ -11,7 +11,6 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select, update
 
 from controlplane.bus import (
@@ -31,22 +30,6 @@ from tests.integration.api import builders as b
 from tests.integration.bus.conftest import eventually
 from workloadplane.agent import run_agent
 from workloadplane.runtime.memory import InMemoryRuntime
-
-
-@pytest.fixture
-def fleet(admin, session_factory) -> dict[str, str]:
-    """One provider/region/pool, a cluster (its NATS password is shown once) and a deployment."""
-    for path, body in (("providers", b.provider()), ("regions", b.region()), ("gpu-types", b.gpu_type()),
-                       ("pools", b.pool())):  # fmt: skip
-        assert admin.post(path, body).status_code == 201
-    cluster = admin.post("clusters", b.cluster()).json()
-    assert (
-        admin.post(
-            "deployments", b.deployment(autoscaling={"min_replicas": 2, "max_replicas": 4})
-        ).status_code
-        == 201
-    )
-    return cluster["nats_credentials"]
 
 
 async def test_desired_state_flows_down_and_reports_flow_up(
