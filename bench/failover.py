@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import math
 import re
@@ -447,5 +446,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         raise SystemExit(main())
+    except KeyboardInterrupt:  # stopped: no headline, and no exit status of a pass
+        raise SystemExit(130) from None

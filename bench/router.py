@@ -143,25 +143,39 @@ async def load(
     return out
 
 
-async def latency_c1(ports: dict[str, int], rounds: int = 1000) -> dict[str, float]:
-    """p50 latency per target on keep-alive connections, requests interleaved (the order
-    rotating each round) so drift and position hit all alike; 50 rounds of warm-up."""
-    pools = [(k, UpstreamPool("127.0.0.1", p)) for k, p in ports.items()]
-    samples: dict[str, list[float]] = {k: [] for k in ports}
+async def latency_c1(
+    direct: list[int], routers: dict[str, int], rounds: int = 1000
+) -> tuple[float, dict[str, float]]:
+    """At concurrency 1 on keep-alive connections, one request to each target per round (the
+    order rotating each round), 50 rounds of warm-up. ``direct`` takes the routers' engines
+    in turn (as their round robin does), so no engine's own speed favours either side.
+    Returns the p50 of direct and, per router, the median of its time minus direct's in the
+    same round (paired: the machine's drift hits both sides of each difference alike)."""
+    pools = [("direct", UpstreamPool("127.0.0.1", direct[0]))]
+    pools += [(k, UpstreamPool("127.0.0.1", p)) for k, p in routers.items()]
+    engines = [pools[0][1]] + [UpstreamPool("127.0.0.1", p) for p in direct[1:]]
+    direct_s: list[float] = []
+    added: dict[str, list[float]] = {k: [] for k in routers}
     for i in range(rounds + 50):
         shift = i % len(pools)
+        took: dict[str, float] = {}
         for name, pool in pools[shift:] + pools[:shift]:
+            if name == "direct":
+                pool = engines[i % len(engines)]
             t0 = time.perf_counter()
             resp = await pool.request("POST", "/v1/chat/completions", HEADERS, BODY)
             body = await resp.read()
             resp.release()
             if resp.status != 200:  # a fast error is no latency figure
                 raise SystemExit(f"{name} answered {resp.status}: {body[:200]!r}")
-            if i >= 50:  # warm-up
-                samples[name].append(time.perf_counter() - t0)
-    for _, pool in pools:
+            took[name] = time.perf_counter() - t0
+        if i >= 50:  # warm-up
+            direct_s.append(took["direct"])
+            for k in added:
+                added[k].append(took[k] - took["direct"])
+    for pool in [p for _, p in pools] + engines[1:]:
         pool.close()
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return statistics.median(direct_s), {k: statistics.median(v) for k, v in added.items()}
 
 
 EJECTED_VICTIM = re.compile(r'^gpufleet_router_ejections_total\{[^}]*replica="chat-0"', re.M)
@@ -226,11 +240,10 @@ async def main() -> int:
         for p in [*ports, ours]:
             await wait_up(p)
         await wait_up(theirs, "/v1/models")
-        p50 = await latency_c1({"direct": ports[0], "gpufleet": ours, "vllm-router": theirs})
-        added_ours = (p50["gpufleet"] - p50["direct"]) * 1000
-        added_theirs = (p50["vllm-router"] - p50["direct"]) * 1000
-        print(f"concurrency 1, p50: direct {p50['direct'] * 1000:.3f} ms; added: gpufleet "
-              f"{added_ours:.3f} ms, vllm-router {added_theirs:.3f} ms")  # fmt: skip
+        p50, added = await latency_c1(ports, {"gpufleet": ours, "vllm-router": theirs})
+        added_ours, added_theirs = added["gpufleet"] * 1000, added["vllm-router"] * 1000
+        print(f"concurrency 1: direct p50 {p50 * 1000:.3f} ms; added (median of paired "
+              f"differences): gpufleet {added_ours:.3f} ms, vllm-router {added_theirs:.3f} ms")  # fmt: skip
         thr: dict[str, Load] = {}
         for name, port in (("gpufleet", ours), ("vllm-router", theirs)):
             await load(port, 64, 1.0)  # warm-up: 64 connections opened
