@@ -392,8 +392,10 @@ class RouterApp:
 async def _fetch_metrics(backend: Backend) -> str:
     try:
         resp = await backend.pool.request("GET", "/metrics", head_timeout=1.0)
-        text = await asyncio.wait_for(resp.read(), 1.0)
-        resp.release()
+        try:
+            text = await asyncio.wait_for(resp.read(), 1.0)
+        finally:
+            resp.release()  # a body still coming (it timed out): the connection is closed
         return text.decode(errors="replace") if resp.status == 200 else ""
     except (UpstreamError, TimeoutError):
         return ""

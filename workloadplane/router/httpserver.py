@@ -150,6 +150,7 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._scope: Scope | None = None
+        self._scope_built = False  # the head is parsed: what the parser reads now is body
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
         """The peer's and this end's (host, port): ASGI's ``client`` and ``server``."""
@@ -236,6 +237,7 @@ class Connection(asyncio.Protocol):
     # --- parser callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body = b"", [], []
+        self._scope_built = False
         self._header_count, self._header_bytes, self._body_bytes = 0, 0, 0
 
     def on_url(self, url: bytes) -> None:
@@ -243,6 +245,9 @@ class Connection(asyncio.Protocol):
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._scope_built:  # a chunked body's trailer: never a header of the request,
+            self._count_head(len(name) + len(value) + 4)  # but bounded with the head
+            return
         self._headers.append((name.lower(), value))
         self._header_count += 1
         limit = self.limits.max_headers
@@ -295,6 +300,7 @@ class Connection(asyncio.Protocol):
         self.loop.call_later(_DISCARD_FOR_S, self.abort, b"")
 
     def on_headers_complete(self) -> None:
+        self._scope_built = True
         raw_path, _, query = self._url.partition(b"?")
         path = raw_path.decode("latin-1")
         self._scope = {
@@ -320,7 +326,7 @@ class Connection(asyncio.Protocol):
                 declared = value.strip()  # int() reads 4,300 digits at most
                 if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
                     self._reject_body(f"content-length {declared[:24].decode()}")
-        if (b"expect", b"100-continue") in self._headers:
+        if any(n == b"expect" and v.strip().lower() == b"100-continue" for n, v in self._headers):
             self._continue_owed = True  # sent once every response before it went out
             self._send_continue()
 

@@ -122,8 +122,10 @@ class RemoteRouter(Router):
         resp = await self._pool.request(
             "GET", "/internal/load", head_timeout=1.0, connect_timeout=1.0
         )
-        body = await asyncio.wait_for(resp.read(), 1.0)
-        resp.release()
+        try:
+            body = await asyncio.wait_for(resp.read(), 1.0)
+        finally:
+            resp.release()  # a body that stalls: its connection is closed, not leaked
         if resp.status != 200:
             raise ValueError(f"/internal/load answered {resp.status}")
         self.apply_report(loads(body), self.clock())

@@ -107,6 +107,9 @@ class Connection(asyncio.Protocol):
         self._listener: Listener | None = None
         self._head_came = False
         self._head_bytes = 0  # read of this response while its head had not come
+        self._trailer_bytes = 0
+        self._interim = False  # a 1xx head came: its final answer is still to come
+        self._extra = False  # bytes came after the answer: the connection is not reused
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -123,6 +126,10 @@ class Connection(asyncio.Protocol):
             )
 
     def data_received(self, data: bytes) -> None:
+        if self._done:  # bytes nobody asked for (an idle connection, or after the answer):
+            self._extra = True  # whatever they are, they are no answer to the next request
+            self.close()
+            return
         self._got_bytes = True
         try:
             self.parser.feed_data(data)
@@ -132,21 +139,39 @@ class Connection(asyncio.Protocol):
                     raise httptools.HttpParserError(
                         HeadTooLarge(f"head over {MAX_HEAD_BYTES} bytes")
                     )
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError("the upstream switched protocols", before_first_byte=False))
+            self.close()
         except httptools.HttpParserError as exc:
             why = exc.__context__ if isinstance(exc.__context__, HeadTooLarge) else exc
             self._fail(UpstreamError(f"bad response: {why}", before_first_byte=False))
             if self.transport is not None:
                 self.transport.close()
+        if self._extra:  # a second message after the answer in the same read
+            self.close()
         if self._listener is not None:
             self._listener.on_read()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_came or self._done:  # a chunked body's trailer, or a message after
+            self._trailer_bytes += len(name) + len(value)  # the answer: never its headers
+            if self._trailer_bytes > MAX_HEAD_BYTES:
+                raise HeadTooLarge(f"trailers over {MAX_HEAD_BYTES} bytes")
+            return
         if len(self.headers) >= MAX_HEADERS:
             raise HeadTooLarge(f"more than {MAX_HEADERS} headers")  # httptools wraps it
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        if self._done:
+            self._extra = True
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (100 Continue, 103 Early Hints): the
+            self._interim = True  # final one follows on the same connection
+            self.headers = []
+            return
+        self.status = status
         self._head_came = True
         if self._listener is not None:
             self._listener.on_head(self.status, self.headers)
@@ -154,6 +179,9 @@ class Connection(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._done:
+            self._extra = True
+            return
         if self._listener is not None:
             self._listener.on_chunk(body)
             return
@@ -165,6 +193,12 @@ class Connection(asyncio.Protocol):
         self._notify()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if self._done:
+            self._extra = True
+            return
         # read it now: llhttp resets its flags once the message is complete, after which
         # should_keep_alive() is False for every response (each request paid a new connection)
         self._keep_alive = self.parser.should_keep_alive()
@@ -244,7 +278,8 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
         self._done, self._keep_alive, self._error, self._got_bytes = False, False, None, False
         self._head_came = False
-        self._head_bytes = 0
+        self._head_bytes = self._trailer_bytes = 0
+        self._interim = False
 
     def relay(self, request: bytes, listener: Listener) -> None:
         """Send ``request`` (an idle connection's, from ``UpstreamPool.take_idle``); the
@@ -307,7 +342,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self._done and self._keep_alive and not self.closed
+        return self._done and self._keep_alive and not self.closed and not self._extra
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

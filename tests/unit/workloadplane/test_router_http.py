@@ -337,3 +337,126 @@ async def test_an_upstream_head_without_bounds_fails_as_a_bad_response(raw: byte
         with pytest.raises(UpstreamError, match=why):
             await pool.request("GET", "/x", head_timeout=10)
         pool.close()
+
+
+@contextlib.asynccontextmanager
+async def scripted_upstream(answers: list[bytes]) -> AsyncIterator[int]:
+    """A replica answering the n-th request it gets (on any connection) with ``answers[n]``
+    as it is (and ``answers[-1]`` after the list ends)."""
+    served = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(answers[min(served[0], len(answers) - 1)])
+                served[0] += 1
+                await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_bytes_after_an_answer_never_answer_the_next_request():
+    """An upstream that sent a second message after its answer (or a trailer claiming a
+    content-length) had it parsed into the answer, or handed to the next request on the
+    kept-alive connection: another client's answer."""
+    smuggled = (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nevil!\r\n0\r\n\r\n")  # fmt: skip
+    clean = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nclean"
+    async with scripted_upstream([smuggled, clean]) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/a")
+        assert await resp.read() == b"ok"
+        resp.release()
+        resp = await pool.request("GET", "/b")
+        assert await resp.read() == b"clean"
+        resp.release()
+        pool.close()
+    assert pool.connections_opened == 2  # the first connection was not reused
+
+
+async def test_a_trailer_is_never_a_header_of_the_answer():
+    chunked = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+               b"x-request-id: forged\r\n\r\n")  # fmt: skip
+    async with scripted_upstream([chunked]) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/a")
+        assert await resp.read() == b"ok"
+        assert resp.headers == [(b"transfer-encoding", b"chunked")]
+        resp.release()
+        pool.close()
+
+
+async def test_an_interim_answer_is_skipped_and_the_final_one_is_the_answer():
+    """A 103 Early Hints was taken for the answer; its real answer then went to the next
+    request on the connection."""
+    first = (b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfinal")  # fmt: skip
+    second = b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond"
+    async with scripted_upstream([first, second]) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/a")
+        assert resp.status == 200 and await resp.read() == b"final"
+        assert (b"link", b"</a>") not in resp.headers
+        resp.release()
+        resp = await pool.request("GET", "/b")
+        assert await resp.read() == b"second"
+        resp.release()
+        pool.close()
+    assert pool.connections_opened == 1
+
+
+async def test_a_request_trailer_is_never_a_header_of_the_request():
+    """A chunked request's trailer (``x-request-id``, an Authorization) was appended to the
+    request's headers, after any front proxy had checked them."""
+
+    async def headers_back(scope, receive, send) -> None:
+        await receive()
+        body = b";".join(b"%s=%s" % pair for pair in scope["headers"])
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(body))]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    server = HttpServer(headers_back)
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    try:
+        raw = (b"POST /x HTTP/1.1\r\nhost: a\r\nx-request-id: head\r\ntransfer-encoding: chunked"
+               b"\r\n\r\n2\r\nhi\r\n0\r\nx-request-id: trailer\r\nauthorization: Bearer B\r\n\r\n")  # fmt: skip
+        reads = await exchange(port, raw, b"x-request-id=head")
+    finally:
+        await server.close(grace_s=1)
+    answer = b"".join(reads)
+    assert b"trailer" not in answer and b"authorization" not in answer
+
+
+async def test_a_metrics_answer_that_stalls_does_not_leak_its_connection():
+    """The scrape of a replica whose /metrics body stalled timed out and left the connection
+    open (one socket, and what it held, per scrape)."""
+    from types import SimpleNamespace
+
+    from workloadplane.router.app import _fetch_metrics
+
+    closed = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nvllm:")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # b"" once the router closes its side
+        closed.set()
+
+    server = await asyncio.start_server(stall, "127.0.0.1", 0)
+    pool = UpstreamPool("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        assert await _fetch_metrics(SimpleNamespace(pool=pool)) == ""  # type: ignore[arg-type]
+        async with asyncio.timeout(5):
+            await closed.wait()
+    finally:
+        pool.close()
+        server.close()
