@@ -54,6 +54,14 @@ _BAD_REQUEST = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n"
     b"connection: close\r\n\r\nbad request"
 )
+_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 41\r\n"
+    b"connection: close\r\n\r\nthe request did not arrive whole in time\n"
+)
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 21\r\n"
+    b"connection: close\r\n\r\ntoo many connections\n"
+)
 _SERVER_ERROR = (
     b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
     b"content-length: 21\r\nconnection: close\r\n\r\ninternal server error"
@@ -75,6 +83,12 @@ class Limits:
     write_stall_s: float = 120.0
     """A client that reads nothing of its answer this long (its side full) is cut off: it
     held the exchange, its upstream connection and the engine's work for good."""
+    read_request_s: float = 60.0
+    """A request not whole this long after its first byte is answered 408 and its
+    connection closed (checked by the idle sweep): a client trickling a byte now and then
+    held its connection and the body read so far for good."""
+    max_connections: int = 10_000
+    """Connections beyond this are closed as they come (with a 503)."""
 
 
 class Exchange(Protocol):
@@ -151,6 +165,8 @@ class Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._scope: Scope | None = None
         self._scope_built = False  # the head is parsed: what the parser reads now is body
+        self.reading_since: float | None = None
+        """``loop.time()`` of the first byte of a request not yet whole (None: none)."""
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
         """The peer's and this end's (host, port): ASGI's ``client`` and ``server``."""
@@ -179,6 +195,9 @@ class Connection(asyncio.Protocol):
     # --- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.server.connections) >= self.server.limits.max_connections:
+            self.abort(_BUSY)
+            return
         self.server.connections.add(self)
         self.client = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
@@ -236,6 +255,7 @@ class Connection(asyncio.Protocol):
 
     # --- parser callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self.reading_since = self.loop.time()
         self._url, self._headers, self._body = b"", [], []
         self._scope_built = False
         self._header_count, self._header_bytes, self._body_bytes = 0, 0, 0
@@ -340,6 +360,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self._scope is not None
+        self.reading_since = None
         self._continue_owed = False  # the body came anyway
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = (self._scope, body, self._keep_alive_parsed)
@@ -563,9 +584,14 @@ class HttpServer:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(self.keep_alive_s)
+            await asyncio.sleep(min(self.keep_alive_s, self.limits.read_request_s))
+            now = self.loop.time()
             for conn in list(self.connections):
-                if not conn.seen:
+                began = conn.reading_since
+                late = began is not None and now - began >= self.limits.read_request_s
+                if late and not conn.busy:  # (a busy one answers first; it reads no more)
+                    conn.abort(_TIMEOUT)
+                elif not conn.seen:
                     conn.close_if_idle()
                 conn.seen = False
 

@@ -460,3 +460,48 @@ async def test_a_metrics_answer_that_stalls_does_not_leak_its_connection():
     finally:
         pool.close()
         server.close()
+
+
+async def test_a_request_trickled_in_is_answered_408_and_closed():
+    """A client sending a byte now and then kept its connection (and what it had sent)
+    for good: the idle sweep saw it active."""
+    from workloadplane.router.httpserver import Limits
+
+    server = HttpServer(echo_app, keep_alive_s=5, limits=Limits(read_request_s=0.3))
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\nab")
+        answer = b""
+        async with asyncio.timeout(5):
+            while not reader.at_eof():
+                writer.write(b"c")  # a byte at a time, never the whole body
+                with contextlib.suppress(TimeoutError):
+                    answer += await asyncio.wait_for(reader.read(1024), 0.05)
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout")
+    finally:
+        writer.close()
+        await server.close(grace_s=1)
+
+
+async def test_connections_beyond_the_limit_are_turned_away():
+    from workloadplane.router.httpserver import Limits
+
+    server = HttpServer(echo_app, limits=Limits(max_connections=2))
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        async with asyncio.timeout(5):
+            assert (await reader.read()).startswith(b"HTTP/1.1 503 Service Unavailable")
+        writer.close()
+        _, first = held[0]
+        first.write(b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n")  # the held ones are served
+        async with asyncio.timeout(5):
+            assert (await held[0][0].readuntil(b"GET /x ")).startswith(b"HTTP/1.1 200")
+    finally:
+        for _, w in held:
+            w.close()
+        await server.close(grace_s=1)
