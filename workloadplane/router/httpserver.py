@@ -185,6 +185,7 @@ class Connection(asyncio.Protocol):
         self._started = False
         self._finished = False
         self._chunked = False
+        self._http10 = False
         self._reading_paused = False
         self._continue_owed = False
         self._gone: asyncio.Future[None] | None = None
@@ -382,6 +383,7 @@ class Connection(asyncio.Protocol):
     def _start(self, scope: Scope, body: bytes, keep_alive: bool) -> None:
         self._request_body, self._body_taken = body, False
         self._keep_alive, self._head_only = keep_alive, scope["method"] == "HEAD"
+        self._http10 = scope["http_version"] == "1.0"
         self._head, self._started, self._finished = b"", False, False
         self._scope_now = scope
         fast = self.server.fast
@@ -504,7 +506,9 @@ class Connection(asyncio.Protocol):
             if name == b"content-length":
                 chunked = False
             parts += (name, b": ", value, b"\r\n")
-        if chunked and status >= 200 and status not in (204, 304):
+        if chunked and self._http10:  # an HTTP/1.0 client reads no chunks: the body
+            chunked, self._keep_alive = False, False  # as it comes, ended by the close
+        elif chunked and status >= 200 and status not in (204, 304):
             parts.append(b"transfer-encoding: chunked\r\n")
         else:
             chunked = False

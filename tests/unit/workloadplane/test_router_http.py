@@ -505,3 +505,17 @@ async def test_connections_beyond_the_limit_are_turned_away():
         for _, w in held:
             w.close()
         await server.close(grace_s=1)
+
+
+async def test_an_http10_client_gets_a_stream_unchunked_and_ended_by_the_close():
+    """nginx speaks HTTP/1.0 to its upstreams by default: chunk-size lines leaked into the
+    events it passed on."""
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /stream HTTP/1.0\r\nhost: a\r\n\r\n")
+        async with asyncio.timeout(5):
+            answer = await reader.read(-1)  # to the close
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert body == b"data: 1\n\ndata: [DONE]\n\n"
