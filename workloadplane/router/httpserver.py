@@ -234,7 +234,11 @@ class Connection(asyncio.Protocol):
             else:
                 self.abort(_BAD_REQUEST)
         except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _Rejected) and self._rejection is not None:
+            if not isinstance(exc.__context__, _Rejected) and (self.busy or self.pending):
+                # bytes that are no request after ones being answered (or after a request
+                # that closes the connection): answer those first, then the 400
+                self._rejection = self._rejection or _BAD_REQUEST
+            if self._rejection is not None:
                 if not self.busy and not self.pending:
                     self._reject_now()
                 elif self.transport is not None and not self._reading_paused:

@@ -519,3 +519,18 @@ async def test_an_http10_client_gets_a_stream_unchunked_and_ended_by_the_close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"transfer-encoding" not in head.lower()
     assert body == b"data: 1\n\ndata: [DONE]\n\n"
+
+
+async def test_garbage_after_a_request_being_answered_waits_for_its_answer():
+    """Bytes that are no request, pipelined after one being answered, had the 400 written
+    and the connection closed at once: the answer was lost (or the 400 spliced into a
+    stream)."""
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /stream HTTP/1.1\r\nhost: a\r\n\r\nNOT HTTP AT ALL\r\n\r\n")
+        async with asyncio.timeout(5):
+            answer = await reader.read(-1)
+        writer.close()
+    stream, _, rest = answer.partition(b"0\r\n\r\n")
+    assert stream.startswith(b"HTTP/1.1 200 OK") and b"data: [DONE]" in stream
+    assert rest.startswith(b"HTTP/1.1 400 Bad Request")
