@@ -195,7 +195,9 @@ async def main(samples: int, rate_seconds: float) -> int:
             return (f"  {name:<42} p50 {statistics.median(v):6.2f} ms   p99 {pct(v, 99):6.2f} ms"
                     f"   max {max(v):6.2f} ms")  # fmt: skip
 
-        print(f"propagation, {samples} samples each, loopback, agent in its own process (fsync on)")
+        flags = " ".join(AGENT_FLAGS) or "none: fsync on"
+        print(f"propagation, {samples} samples each, loopback, agent in its own process "
+              f"(extra agent flags: {flags})")  # fmt: skip
         print(line("gpufleet desired → applied → acknowledged", ours_ms))
         print(line("bare kv.put → watch → js ack (round trip)", bare_rt_ms))
         print(line("bare kv.put → watch (one way)", bare_ow_ms))
@@ -233,7 +235,8 @@ async def main(samples: int, rate_seconds: float) -> int:
         print(f"HEADLINE propagation p99 {p99:.2f} ms (p50 {statistics.median(ours_ms):.2f}) vs "
               f"bare NATS put→watch→ack p99 {bare_p99:.2f} ms = {ratio:.2f}x; "
               f"target p99 <= {TARGET_P99_MS:.0f} ms and <= {TARGET_RATIO}x bare; "
-              f"sustained {sustained}/s: {'PASS' if ok else 'FAIL'}")  # fmt: skip
+              f"sustained {sustained}/s (reported, no target): "
+              f"{'PASS' if ok else 'FAIL'}")  # fmt: skip
         return 0 if ok else 1
     finally:
         for proc in procs:

@@ -7,56 +7,23 @@ NATS runs with the authorization config that `gpufleet up` uses (per-cluster use
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import select, update
 
-from controlplane.bus import (
-    generate_controlplane_credentials,
-    render_server_config,
-    write_server_config,
-)
-from controlplane.bus_process import run_bus
-from controlplane.contracts import NatsCredentials
 from controlplane.db import models as m
-from controlplane.local.nats import NatsServer
-from controlplane.local.ports import free_port
 from controlplane.services.clusters import record_bus_progress, update_liveness
 from controlplane.services.placement import replan
-from controlplane.settings import Settings
 from tests.integration.api import builders as b
 from tests.integration.bus.conftest import eventually
-from workloadplane.agent import run_agent
-from workloadplane.runtime.memory import InMemoryRuntime
+from tests.integration.planes.conftest import bus_and_agent
 
 
 async def test_desired_state_flows_down_and_reports_flow_up(
     fleet, session_factory, database_url, tmp_path: Path, monkeypatch
 ):
-    controlplane = generate_controlplane_credentials()
-    with session_factory() as s:
-        row = s.scalars(select(m.Cluster)).one()
-        users = {row.name: NatsCredentials(user=row.nats_user, password=row.nats_password_hash)}
-    port = free_port()
-    config = write_server_config(tmp_path / "nats.conf", render_server_config(
-        controlplane=controlplane, clusters=users, store_dir=tmp_path / "js", port=port))  # fmt: skip
-    server = NatsServer(store_dir=tmp_path / "js", port=port, config_file=config).start()
-    monkeypatch.setenv("GPUFLEET_NATS_USER", controlplane.user)
-    monkeypatch.setenv("GPUFLEET_NATS_PASSWORD", controlplane.password)
-    monkeypatch.setattr("controlplane.bus_process.trigger_replan", lambda reason: None)
-    stop_bus, stop_agent = asyncio.Event(), asyncio.Event()
-    settings = Settings(database_url=database_url, nats_url=server.url)
-    runtime = InMemoryRuntime()
-    creds = NatsCredentials.model_validate(fleet)  # exactly what the API showed once
-    tasks = []
-    try:
-        tasks.append(asyncio.create_task(run_bus(settings, stop_bus, poll_s=0.05)))
-        tasks.append(asyncio.create_task(run_agent(
-            "use1-a", server.url, creds, tmp_path / "agent", runtime,
-            heartbeat_interval=0.2, reconcile_interval=0.1, stop=stop_agent, fsync=False)))  # fmt: skip
-
+    async with bus_and_agent(fleet, session_factory, database_url, tmp_path, monkeypatch):
         await eventually(
             lambda: _cluster(session_factory).state == "healthy", 15, "first heartbeat"
         )
@@ -74,11 +41,6 @@ async def test_desired_state_flows_down_and_reports_flow_up(
             }
         assert "DesiredStateApplied" in facts
         assert {r.state for r in _replicas(session_factory)} == {"ready"}
-    finally:
-        stop_agent.set()
-        stop_bus.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.stop()
 
     last = _cluster(session_factory).last_heartbeat_at
     assert last is not None
