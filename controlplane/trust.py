@@ -75,15 +75,20 @@ class FactBudget:
         self.per_s, self.burst = per_s, burst
         self._level: dict[str, tuple[float, float]] = {}  # cluster → (tokens, at)
 
-    def take(self, cluster: str, now: float) -> bool:
-        """Spend one fact of ``cluster``'s budget at ``now``; False: over budget."""
+    def allows(self, cluster: str, now: float) -> bool:
+        """Whether ``cluster`` may have a fact recorded at ``now`` (spends nothing)."""
         tokens, at = self._level.get(cluster, (self.burst, now))
         tokens = min(self.burst, tokens + max(now - at, 0.0) * self.per_s)
-        ok = tokens >= 1.0
         if len(self._level) >= self.MAX_CLUSTERS and cluster not in self._level:
             self._level.clear()  # clusters come and go: a full map starts every one afresh
-        self._level[cluster] = (tokens - 1.0 if ok else tokens, now)
-        return ok
+        self._level[cluster] = (tokens, max(now, at))
+        return tokens >= 1.0
+
+    def spend(self, cluster: str) -> None:
+        """A fact of ``cluster`` was recorded (after ``allows``): a redelivery that failed
+        for want of the database, or a duplicate, spends nothing."""
+        tokens, at = self._level.get(cluster, (self.burst, 0.0))
+        self._level[cluster] = (tokens - 1.0, at)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class ObservedStateSink(Protocol):
         self, cluster: str, fact: Fact, received_at: datetime
     ) -> Sequence[str] | None: ...
 
+    # optional: ``transient(exc) -> bool``, True when ``exc`` says the sink's store is away
+    # (retried for as long as it is); any other failure is retried ``max_sink_tries`` times
+
 
 @dataclass
 class InMemorySink:
@@ -155,6 +158,7 @@ class ReportConsumer:
         max_ack_pending: int = 1024,
         ack_wait_s: float = 30.0,
         redeliver_delay_s: float = 1.0,
+        max_sink_tries: int = 20,
     ) -> None:
         self._js = js
         self._sink = sink
@@ -163,6 +167,7 @@ class ReportConsumer:
         self._max_ack_pending = max_ack_pending
         self._ack_wait_s = ack_wait_s
         self._redeliver_delay_s = redeliver_delay_s
+        self._max_sink_tries = max_sink_tries
         self._sub: JetStreamContext.PushSubscription | None = None
 
     async def start(self) -> None:
@@ -246,8 +251,17 @@ class ReportConsumer:
             _reject(msg.subject, exc.reason, exc.detail)
             await msg.term()
             return
-        except Exception:
+        except Exception as exc:
             SINK_FAILURES.inc()
+            transient = getattr(self._sink, "transient", None)
+            if _deliveries(msg) >= self._max_sink_tries and not (transient and transient(exc)):
+                # a message the sink fails on every time (not for want of its database)
+                # would be redelivered for ever and hold the stream's ack floor — and with
+                # it every plane's liveness: dropped, counted, logged
+                _reject(msg.subject, "sink_failed", f"{report.type} {report.id}: "
+                        f"{type(exc).__name__} on {_deliveries(msg)} tries; dropped")  # fmt: skip
+                await msg.term()
+                return
             log.exception("sink failed on %s %s; redelivering", report.type, report.id)
             await msg.nak(delay=self._redeliver_delay_s)
             return

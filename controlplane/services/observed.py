@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane import rollouts as canary
@@ -78,6 +78,13 @@ class DbSink:
         self._facts = FactBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
         self._over_budget_logged: dict[str, datetime] = {}
 
+    @staticmethod
+    def transient(exc: BaseException) -> bool:
+        """The database is away (retry for as long as it is), not a report it fails on."""
+        return isinstance(exc, OperationalError) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated
+        )
+
     async def record_observed(
         self, cluster: str, state: ObservedState, received_at: datetime
     ) -> list[str]:
@@ -89,7 +96,7 @@ class DbSink:
         return rejected
 
     async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
-        if not self._facts.take(cluster, received_at.timestamp()):
+        if not self._facts.allows(cluster, received_at.timestamp()):
             last = self._over_budget_logged.get(cluster)
             if last is None or received_at - last >= timedelta(minutes=1):
                 if len(self._over_budget_logged) >= FactBudget.MAX_CLUSTERS:
@@ -107,6 +114,7 @@ class DbSink:
             reason, rejected = await asyncio.to_thread(
                 self._checked_fact, cluster, fact, received_at
             )
+        self._facts.spend(cluster)  # handled: a try that failed for the database spends none
         if reason:
             self._on_change(reason)
         return rejected

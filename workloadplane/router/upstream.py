@@ -31,7 +31,6 @@ MAX_HEADERS = 100
 """A response head larger (or with more headers) fails as a bad response (as the router's
 own server bounds what clients send): an upstream that sends a head without end must not
 fill the router's or gateway's memory."""
-"""Most bytes ``Response.read`` takes (health, load, model list, a replica's metrics)."""
 
 
 class UpstreamError(Exception):
