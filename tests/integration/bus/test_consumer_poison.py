@@ -5,9 +5,13 @@ whose store is away (``transient``) is retried for as long as it is."""
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.bus import InMemorySink, ReportConsumer
 from controlplane.contracts import DesiredStateApplied, encode
 from tests.integration.bus.conftest import Bus, eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 
 class Failing(InMemorySink):
