@@ -343,6 +343,10 @@ class Connection(asyncio.Protocol):
             "client": self.client,
         }
         self._keep_alive_parsed = self.parser.should_keep_alive()
+        if self._scope["http_version"] == "1.0" and any(
+            n == b"transfer-encoding" for n, _ in self._headers
+        ):  # RFC 9112 6.1: its framing is not to be trusted: answer it, then close
+            self._keep_alive_parsed = False
         limit = self.limits.max_body_bytes
         if limit is not None:
             for name, value in self._headers:

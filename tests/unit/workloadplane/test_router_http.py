@@ -534,3 +534,16 @@ async def test_garbage_after_a_request_being_answered_waits_for_its_answer():
     stream, _, rest = answer.partition(b"0\r\n\r\n")
     assert stream.startswith(b"HTTP/1.1 200 OK") and b"data: [DONE]" in stream
     assert rest.startswith(b"HTTP/1.1 400 Bad Request")
+
+
+async def test_an_http10_request_with_transfer_encoding_is_answered_then_closed():
+    """RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has framing a proxy in
+    front may read otherwise: it was kept alive, the next bytes read as a new request."""
+    async with serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /x HTTP/1.0\r\nconnection: keep-alive\r\ntransfer-encoding: chunked"
+                     b"\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n")  # fmt: skip
+        async with asyncio.timeout(5):
+            answer = await reader.read(-1)
+        writer.close()
+    assert b"POST /x hi" in answer and b"smuggled" not in answer
