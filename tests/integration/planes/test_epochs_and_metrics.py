@@ -138,8 +138,18 @@ async def planes(
     finally:
         stop_agent.set()
         stop_bus.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # bounded: CI once hung here for 300 s (session 23); name what did not stop
+        done, late = await asyncio.wait(tasks, timeout=60)
+        for task in done:  # retrieved, as gather(return_exceptions=True) did
+            if not task.cancelled():
+                task.exception()
+        for task in late:
+            task.print_stack()
+            task.cancel()
+        if late:  # (a task that swallows its cancellation must not hang the suite either)
+            await asyncio.wait(late, timeout=5)
         server.stop()
+        assert not late, f"did not stop within 60 s of being asked: {late}"
 
 
 def _cluster(factory) -> m.Cluster:
