@@ -38,12 +38,7 @@ class PlaneProber:
             resp = await plane.pool.request(
                 "GET", "/health", head_timeout=timeout, connect_timeout=timeout
             )
-            try:
-                await asyncio.wait_for(resp.read(), timeout)
-            except TimeoutError:
-                resp.discard()  # a body that stalls: its connection is not kept, nor leaked
-                raise
-            resp.release()
+            await resp.read_within(timeout)  # a body that stalls: its connection is closed
             if resp.status != 200:
                 raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)
         except (UpstreamError, TimeoutError) as exc:

@@ -392,10 +392,7 @@ class RouterApp:
 async def _fetch_metrics(backend: Backend) -> str:
     try:
         resp = await backend.pool.request("GET", "/metrics", head_timeout=1.0)
-        try:
-            text = await asyncio.wait_for(resp.read(), 1.0)
-        finally:
-            resp.release()  # a body still coming (it timed out): the connection is closed
+        text = await resp.read_within(1.0)
         return text.decode(errors="replace") if resp.status == 200 else ""
     except (UpstreamError, TimeoutError):
         return ""

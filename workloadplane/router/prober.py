@@ -34,10 +34,7 @@ class Prober:
             resp = await backend.pool.request(
                 "GET", "/health", head_timeout=timeout, connect_timeout=timeout
             )
-            try:
-                await asyncio.wait_for(resp.read(), timeout)
-            finally:
-                resp.release()  # a body that stalls: its connection is closed, not leaked
+            await resp.read_within(timeout)
             if resp.status != 200:
                 raise UpstreamError(f"/health answered {resp.status}", before_first_byte=True)
         except (UpstreamError, TimeoutError) as exc:
@@ -57,10 +54,7 @@ class Prober:
         replica's next health probe."""
         with contextlib.suppress(UpstreamError, TimeoutError, ValueError, KeyError, TypeError):
             resp = await backend.pool.request("GET", "/v1/models", head_timeout=2.0)
-            try:
-                data = loads(await asyncio.wait_for(resp.read(), 2.0))
-            finally:
-                resp.release()
+            data = loads(await resp.read_within(2.0))
             self.router.set_models(backend, frozenset(m["id"] for m in data["data"]))
 
     async def run(self) -> None:

@@ -122,10 +122,7 @@ class RemoteRouter(Router):
         resp = await self._pool.request(
             "GET", "/internal/load", head_timeout=1.0, connect_timeout=1.0
         )
-        try:
-            body = await asyncio.wait_for(resp.read(), 1.0)
-        finally:
-            resp.release()  # a body that stalls: its connection is closed, not leaked
+        body = await resp.read_within(1.0)
         if resp.status != 200:
             raise ValueError(f"/internal/load answered {resp.status}")
         self.apply_report(loads(body), self.clock())

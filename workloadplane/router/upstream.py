@@ -380,6 +380,14 @@ class Response:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def read_within(self, timeout: float, limit: int = READ_LIMIT) -> bytes:
+        """``read`` bounded in time, then ``release``: a body that stalls (TimeoutError) or
+        is too long closes its connection rather than leak it or give it back half read."""
+        try:
+            return await asyncio.wait_for(self.read(limit), timeout)
+        finally:
+            self.release()
+
     def cut(self, reason: str) -> None:
         """End the body now (the replica stopped sending): ``body()`` raises UpstreamError."""
         self._conn.cut(reason)
