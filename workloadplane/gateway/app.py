@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs
 
 from gpufleet_logging import bind_request_id, unbind_request_id
@@ -60,6 +62,7 @@ from workloadplane.router.upstream import Connection as UpstreamConnection
 from workloadplane.router.upstream import Response, UpstreamAborted, UpstreamError
 
 log = logging.getLogger(__name__)
+_Callback = TypeVar("_Callback", bound=Callable[..., None])
 
 CLIENT_REGION = b"x-gpufleet-client-region"
 JURISDICTION = b"x-gpufleet-jurisdiction"
@@ -651,6 +654,21 @@ class GatewayApp:
         await respond(send, 200, json.dumps(_describe(choice, self.state)).encode())
 
 
+def _guarded(method: _Callback) -> _Callback:
+    """A ``_Relay`` callback whose unexpected exception (a fault of the gateway's own) ends
+    the exchange (``_Relay.broke``) instead of escaping into the connection's parser, where
+    nothing would ever answer the client."""
+
+    @functools.wraps(method)
+    def guarded(relay: _Relay, *args: object) -> None:
+        try:
+            method(relay, *args)
+        except Exception as exc:
+            relay.broke(exc)
+
+    return cast(_Callback, guarded)
+
+
 class _Relay:
     """One admitted, non-streamed request relayed to its first plane on a kept-alive
     connection from callbacks (the server's ``Exchange``, the connection's ``Listener``):
@@ -702,6 +720,7 @@ class _Relay:
         upstream.relay(raw, self)
 
     # --- the plane's side -----------------------------------------------------------------
+    @_guarded
     def on_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         if self.over:
             return
@@ -726,6 +745,7 @@ class _Relay:
         )
         self.headers = out
 
+    @_guarded
     def on_chunk(self, chunk: bytes) -> None:
         if self.over:
             return
@@ -738,6 +758,7 @@ class _Relay:
             self.chunks.append(chunk)
             self.buffered += len(chunk)
 
+    @_guarded
     def on_read(self) -> None:
         if self.over or not self.status:
             return
@@ -754,6 +775,7 @@ class _Relay:
         if self.full:
             self.upstream.pause_reading()
 
+    @_guarded
     def on_end(self) -> None:
         if self.over:
             return
@@ -770,6 +792,7 @@ class _Relay:
         conn.done()
         self._account(self.status)
 
+    @_guarded
     def on_error(self, exc: UpstreamError) -> None:
         if self.over:
             return
@@ -807,16 +830,51 @@ class _Relay:
         self._account(502)
 
     # --- the client's side ----------------------------------------------------------------
+    @_guarded
     def client_gone(self) -> None:
         if self.over:
             return
         self._leave()
         self._account(499)
 
+    @_guarded
     def resume(self) -> None:
         if self.full and not self.over:
             self.full = False
             self.upstream.resume_reading()
+
+    def broke(self, exc: Exception) -> None:
+        """A callback failed (a bug): logged, the plane's connection closed, the client
+        answered 500 if nothing of the answer went out yet, else its connection closed."""
+        log.error("the gateway failed relaying a request: %r", exc, exc_info=exc)
+        first = not self.over
+        if first:
+            self._leave()
+        conn = self.conn
+        if conn.exchange is not self:  # answered, handed over, or the client went
+            return
+        try:
+            if conn._started:
+                raise RuntimeError("the answer's head is out")
+            body = errors.error_body(
+                "the gateway failed while relaying this request; it may have run on plane "
+                f"{self.plane.cluster}: send it again",
+                "api_error",
+                "internal_error",
+            )
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                (b"x-request-id", self.a.head.request_id),
+            ]
+            conn.emit({"type": "http.response.start", "status": 500, "headers": headers})
+            conn.emit({"type": "http.response.body", "body": body, "more_body": False})
+        except Exception:
+            conn.abort(b"")
+        conn.done()
+        if first:
+            with contextlib.suppress(Exception):
+                self._account(500)
 
     def _account(self, status: int) -> None:
         """The metrics and the log line, once the client has its answer."""

@@ -71,6 +71,19 @@ class Listener(Protocol):
     def on_error(self, exc: UpstreamError) -> None: ...
 
 
+def _until_close(status: int, headers: Headers) -> bool:
+    """Whether a response's body runs until the connection closes: no Content-Length,
+    no chunked Transfer-Encoding, and a status that has a body (RFC 9112 6.3)."""
+    if status in (204, 304):
+        return False
+    for name, value in headers:
+        if name == b"content-length" or (
+            name == b"transfer-encoding" and b"chunked" in value.lower()
+        ):
+            return False
+    return True
+
+
 def host_port(endpoint: str) -> tuple[str, int]:
     """``http://host:port/...`` → (host, port): the scheme's port when it names none (a
     URL type drops ``:80``), an IPv6 host without its brackets. Raises ValueError when the
@@ -109,6 +122,7 @@ class Connection(asyncio.Protocol):
         self._trailer_bytes = 0
         self._interim = False  # a 1xx head came: its final answer is still to come
         self._extra = False  # bytes came after the answer: the connection is not reused
+        self._until_close = False  # the body has no length: it ends when the upstream closes
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,6 +130,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self._done and exc is None and self._head_came and self._until_close:
+            self.on_message_complete()  # a body delimited by the close (RFC 9112 6.3, 8)
+            return
         if not self._done:
             self._fail(
                 UpstreamError(
@@ -172,6 +189,7 @@ class Connection(asyncio.Protocol):
             return
         self.status = status
         self._head_came = True
+        self._until_close = _until_close(status, self.headers)
         if self._listener is not None:
             self._listener.on_head(self.status, self.headers)
         elif self._head is not None and not self._head.done():
@@ -279,6 +297,7 @@ class Connection(asyncio.Protocol):
         self._head_came = False
         self._head_bytes = self._trailer_bytes = 0
         self._interim = False
+        self._until_close = False
 
     def relay(self, request: bytes, listener: Listener) -> None:
         """Send ``request`` (an idle connection's, from ``UpstreamPool.take_idle``); the

@@ -72,6 +72,9 @@ class ScriptedPlane(asyncio.Protocol):
                 b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(events), events)
             )
             self.transport.close()
+        elif kind == "until_close":  # no length: the body ends when the plane closes
+            self.transport.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n" + arg)
+            self.transport.close()
         elif kind == "head_stall":  # a head promising 100 bytes, 10 of them, then silence
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
         elif kind == "sse_silent":  # a stream's head and first event, then silence
@@ -557,3 +560,37 @@ async def test_a_health_probe_whose_body_stalls_closes_its_connection(fleet):
     b.script.append(("head_stall", b""))
     await PlaneProber(front.state, timeout_s=0.2).probe(front.state.planes["b"])
     await until(lambda: b.closed == 1)
+
+
+async def test_an_answer_delimited_by_the_planes_close_comes_whole(fleet):
+    """A plane answering without a length (HTTP/1.0 style, the body ends at its close) was
+    taken for a plane that broke mid-answer: a 502 for a whole answer."""
+    _, a, _, client = fleet
+    a.script.append(("until_close", b'{"whole": true}'))
+    status, headers, body = await client.ask()
+    assert status == 200 and body == b'{"whole": true}'
+    assert headers[b"content-length"] == b"15"
+
+
+async def test_a_fault_of_the_gateways_own_in_a_relay_answers_500_and_serving_goes_on(
+    fleet, monkeypatch
+):
+    """An exception raised in a relay callback (a bug) escaped into the plane connection's
+    parser, where nothing answered the client: it waited for good."""
+    front, a, _, client = fleet
+    calls = [0]
+    route_header = front.app._route_header
+
+    def broken(ranked):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("injected fault")
+        return route_header(ranked)
+
+    monkeypatch.setattr(front.app, "_route_header", broken)
+    status, headers, body = await client.ask()
+    assert status == 500
+    assert json.loads(body)["error"]["code"] == "internal_error"
+    assert "send it again" in json.loads(body)["error"]["message"]
+    status, headers, body = await client.ask()  # the same client connection goes on
+    assert status == 200 and body == ANSWER and calls[0] == 2

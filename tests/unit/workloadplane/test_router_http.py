@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator
 
 import pytest
@@ -547,3 +548,83 @@ async def test_an_http10_request_with_transfer_encoding_is_answered_then_closed(
             answer = await reader.read(-1)
         writer.close()
     assert b"POST /x hi" in answer and b"smuggled" not in answer
+
+
+@contextlib.asynccontextmanager
+async def closing_upstream(raw: bytes, *, reset: bool = False) -> AsyncIterator[int]:
+    """A replica that answers one request with ``raw`` and then closes its connection (or
+    resets it: ``reset``)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(raw)
+        await writer.drain()
+        if reset:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+UNTIL_CLOSE = b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it"
+
+
+async def test_a_body_that_ends_with_the_connection_is_whole():
+    """An answer with neither a length nor chunks (HTTP/1.0 style) ends when the upstream
+    closes: it was read as cut (an UpstreamError, a 502 at the front)."""
+    async with closing_upstream(UNTIL_CLOSE) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/a")
+        assert resp.status == 200 and await resp.read() == b"all of it"
+        resp.release()
+        pool.close()
+
+
+async def test_a_body_that_ends_with_the_connection_reaches_a_listener_whole():
+    from workloadplane.router.upstream import Connection
+
+    async with closing_upstream(UNTIL_CLOSE) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        conn = Connection()
+        await conn.connect("127.0.0.1", port, 5)
+        ended: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        chunks: list[bytes] = []
+
+        class Collect:
+            def on_head(self, status, headers) -> None:
+                assert status == 200
+
+            def on_chunk(self, chunk: bytes) -> None:
+                chunks.append(chunk)
+
+            def on_read(self) -> None:
+                pass
+
+            def on_end(self) -> None:
+                ended.set_result(b"".join(chunks))
+
+            def on_error(self, exc) -> None:
+                ended.set_exception(exc)
+
+        conn.relay(pool.encode("GET", "/a", [], b""), Collect())
+        assert await asyncio.wait_for(ended, 5) == b"all of it"
+        assert not conn.reusable
+        pool.close()
+
+
+async def test_a_reset_during_a_body_without_length_is_still_a_cut():
+    """Only a clean close ends such a body: a reset may have cut it."""
+    from workloadplane.router.upstream import UpstreamError
+
+    async with closing_upstream(UNTIL_CLOSE, reset=True) as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/a")
+        with pytest.raises(UpstreamError):
+            await resp.read()
+        resp.release()
+        pool.close()
