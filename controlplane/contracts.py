@@ -184,9 +184,22 @@ def _no_nul(value: str) -> str:
     return value
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def _utc(value: datetime) -> datetime:
-    """A time without a zone is taken as UTC (it could not be compared with ours)."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    """A time in UTC (one without a zone is taken as UTC: it could not be compared with
+    ours), brought within 1970-2999: PostgreSQL stores a time before year 1 (year 1 at
+    +01:00) but the driver cannot read it back, and every later read of its table failed.
+    Brought in, not refused: the rest of the report is still true."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 across the offset
+        return EARLIEST if value.year < 2000 else LATEST
+    return min(max(value, EARLIEST), LATEST)
 
 
 # What a plane reports is bounded to what the database keeps (names and ids 128 characters,

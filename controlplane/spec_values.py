@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 import unicodedata
 from decimal import Decimal
@@ -14,6 +15,14 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 ALLOWED_CONTROLS = frozenset("\t\n\r")
 NUMBERS = (int, float, Decimal)
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_canonical_uuid(value: str) -> bool:
+    """``value`` is an id as the API writes one (8-4-4-4-12 lowercase hex digits)."""
+    return _CANONICAL_UUID.fullmatch(value) is not None
 
 
 def _bare(annotation: Any) -> Any:

@@ -43,13 +43,30 @@ MAX_NAMES = 256
 """Lists and maps of names (a cluster's pools, allowed regions, traffic sources)."""
 MAX_POOL_GPUS = 1_000_000  # more than any region holds; beyond it a count is a mistake
 MAX_NOTICE_SECONDS = 7 * 86_400
+MAX_IDLE_SECONDS = 30 * 86_400  # scale to zero after a month idle at most
+MAX_WEIGHT = 1e6
+"""A traffic weight (relative): larger ones overflowed the sum and were silently ignored."""
 MAX_REPLICAS = 10_000  # as a replica quota (controlplane.contracts.REPLICAS_MAX)
 MAX_GPU_TYPES, MAX_CERTIFICATIONS, MAX_SCHEDULE_WINDOWS = 32, 32, 64
+
+
+def _not_an_id(v: str) -> str:
+    if spec_values.is_canonical_uuid(v):
+        raise ValueError(
+            "has the form of an object id (8-4-4-4-12 hex digits), and a path takes either: "
+            "choose a name of another form"
+        )
+    return v
+
 
 Name = Annotated[
     str,
     StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63),
-    Field(description="Lowercase letters, digits and '-', at most 63 characters."),
+    AfterValidator(_not_an_id),
+    Field(
+        description="Lowercase letters, digits and '-', at most 63 characters, not of an "
+        "id's form (8-4-4-4-12 hex digits)."
+    ),
 ]
 GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
@@ -63,6 +80,13 @@ CREDENTIALS_REF = r"^(env|file|vault|aws-secretsmanager|gcp-secretmanager|k8s-se
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_KEY)]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)]
 EngineArg = Annotated[str, StringConstraints(max_length=MAX_ENGINE_ARG)]
+
+
+def stored_decimal(v: Decimal) -> Decimal:
+    """``v`` as NUMERIC(…, 6) stores it: six places, and no negative zero (PostgreSQL has
+    none: "-0" would read back as "0", and every repeated PUT would count as a change)."""
+    v = v.quantize(Decimal("0.000001"))
+    return v.copy_abs() if v.is_zero() else v
 
 
 def _text(max_length: int = MAX_TEXT) -> Any:
@@ -96,6 +120,23 @@ class Spec(BaseModel):
         field = cls.model_fields.get(str(info.field_name))
         if field is not None and spec_values.bool_for_number(field.annotation, v):
             raise ValueError("must be a number, not true/false")
+        return v
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _keys_distinct_once_stripped(cls, v: Any) -> Any:
+        # surrounding spaces are stripped from keys too: "team" and "team " would merge
+        if isinstance(v, dict) and len(v) > 1:
+            seen: set[str] = set()
+            for key in v:
+                if isinstance(key, str):
+                    bare = key.strip()
+                    if bare in seen:
+                        raise ValueError(
+                            f"has the key {bare[:64]!r} twice once surrounding spaces are "
+                            "removed; keep one"
+                        )
+                    seen.add(bare)
         return v
 
     @field_validator("*")
@@ -220,7 +261,7 @@ class PoolSpec(Spec):
     @classmethod
     def _exact(cls, v: Decimal | None) -> Decimal | None:
         # stored as NUMERIC(…, 6): normalise so that "2.1" and "2.100000" are the same spec
-        return None if v is None else v.quantize(Decimal("0.000001"))
+        return None if v is None else stored_decimal(v)
 
     @field_validator(*_ONLY_FOR)
     @classmethod
@@ -364,6 +405,7 @@ class AutoscalingSpec(Spec):
     scale_to_zero_idle_seconds: float = Field(
         default=300.0,
         ge=0,
+        le=MAX_IDLE_SECONDS,
         validation_alias=_was("scale_to_zero_idle_seconds", "scale_to_zero_idle_s"),
         description="With min_replicas 0: no load for this long scales to zero. "
         "Deprecated alias: scale_to_zero_idle_s.",
@@ -648,7 +690,7 @@ class DeploymentSpec(Spec):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     priority: int = Field(default=100, ge=0, le=1000, description="Higher is placed first.")
-    traffic: dict[Annotated[str, _text(63)], Annotated[float, Field(ge=0)]] = Field(
+    traffic: dict[Annotated[str, _text(63)], Annotated[float, Field(ge=0, le=MAX_WEIGHT)]] = Field(
         default_factory=dict,
         max_length=MAX_NAMES,
         description="Where requests come from: region name → weight.",
@@ -724,4 +766,4 @@ class ApiPriceSpec(Spec):
     @field_validator("input_price_per_mtok", "output_price_per_mtok")
     @classmethod
     def _exact(cls, v: Decimal) -> Decimal:
-        return v.quantize(Decimal("0.000001"))  # NUMERIC(14, 6), as a pool's price
+        return stored_decimal(v)  # NUMERIC(14, 6), as a pool's price

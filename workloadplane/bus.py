@@ -21,12 +21,14 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
 from controlplane.contracts import (
     DESIRED_STREAM,
+    MAX_REPORT_BYTES,
     DesiredState,
     Envelope,
     NatsCredentials,
@@ -225,6 +227,19 @@ class AgentBus:
         """Best effort; False if it could not be published (the next heartbeat supersedes)."""
         try:
             await self._publish(observed_subject(self.cluster), message)
+        except MaxPayloadError:
+            PUBLISH_FAILURES.labels(kind="heartbeat").inc()
+            size = len(encode(message))
+            limit = self._nc.max_payload if self._nc is not None else 0
+            log.error(  # not transient: every heartbeat fails, and the plane is taken for dead
+                "heartbeat of %d bytes is over the NATS server's max_payload (%d bytes): raise "
+                "max_payload to at least %d (gpufleet's own server allows %d)",
+                size,
+                limit,
+                size,
+                MAX_REPORT_BYTES,
+            )
+            return False
         except Exception as exc:
             PUBLISH_FAILURES.labels(kind="heartbeat").inc()
             log.debug("heartbeat not published: %s", exc)

@@ -42,14 +42,13 @@ from controlplane.errors import (
     BadRequest,
     ControlPlaneError,
     DatabaseUnavailable,
-    FieldError,
     InvalidSpec,
     Problem,
     problem_for,
 )
 from controlplane.services.health import database_answers
 from controlplane.services.inventory import Rendered
-from controlplane.services.validation import field_path, friendly
+from controlplane.services.validation import field_errors
 from controlplane.settings import Settings, db_timeouts
 from gpufleet_logging import clean_request_id, new_request_id, request_id_bound
 
@@ -69,14 +68,7 @@ def _on_validation(request: Request, exc: Exception) -> JSONResponse:
         return _problem_response(
             BadRequest("request body is not valid JSON; send a JSON object"), request
         )
-    fields = [
-        FieldError(
-            field_path(tuple(e["loc"][1:] if e["loc"][:1] == ("body",) else e["loc"])),
-            friendly(e["type"], e["msg"]),
-        )
-        for e in errors
-    ]
-    detail = "; ".join(f"{f.field}: {f.message}" for f in fields)
+    fields, detail = field_errors(errors, drop_first=("body",))
     return _problem_response(InvalidSpec(detail, fields), request)
 
 

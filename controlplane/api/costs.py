@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from controlplane import costs
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import CostReportOut
 from controlplane.services import cost_report
 from controlplane.settings import Settings
@@ -26,7 +27,7 @@ def rates(settings: Settings) -> costs.CostRates:
 
 
 def costs_router() -> APIRouter:
-    router = APIRouter(tags=["costs"])
+    router = APIRouter(route_class=JsonRoute, tags=["costs"])
 
     @router.get(
         "/costs",

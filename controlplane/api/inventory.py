@@ -17,8 +17,8 @@ from controlplane.api.context import (
     read_scope,
     session_scope,
 )
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import OBJECTS, PAGES
-from controlplane.errors import NotFound, StaleGeneration
 from controlplane.services import inventory as svc
 from controlplane.services.resources import KINDS, ResourceKind
 
@@ -38,19 +38,8 @@ def _changed(request: Request, kind: ResourceKind) -> None:
         request.app.state.on_inventory_change(kind.kind)
 
 
-def _must_exist(session: Any, kind: ResourceKind, ref: str) -> None:
-    """`If-Match: *` on a PUT: replace only an existing object, never create one."""
-    try:
-        svc.get(session, kind, ref)
-    except NotFound:
-        raise StaleGeneration(
-            f"{kind.kind} '{ref}' does not exist and If-Match: * asks for an existing one; "
-            "drop If-Match to create it"
-        ) from None
-
-
 def resource_router(kind: ResourceKind) -> APIRouter:
-    router = APIRouter(prefix=f"/{kind.path}", tags=[kind.path])
+    router = APIRouter(route_class=JsonRoute, prefix=f"/{kind.path}", tags=[kind.path])
     readers = require(kind.read_role)
     writers = require(kind.write_role)
     spec_type: Any = kind.spec
@@ -115,9 +104,15 @@ def resource_router(kind: ResourceKind) -> APIRouter:
         _: Principal = Depends(writers),
     ) -> JSONResponse:
         with session_scope(request) as session:
-            if if_match_any(request):
-                _must_exist(session, kind, ref)
-            result = svc.replace(session, kind, ref, spec, actor_of(request), if_match(request))
+            result = svc.replace(
+                session,
+                kind,
+                ref,
+                spec,
+                actor_of(request),
+                if_match(request),
+                must_exist=if_match_any(request),
+            )
             response = _one(kind, result, 201 if result.created else 200)
         if result.changed:
             _changed(request, kind)

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import list_filters, read_scope
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import RECORD_PAGES, RECORDS_OUT, RevisionPage
 from controlplane.services import records
 from controlplane.services.records import RECORDS, RecordKind
@@ -14,7 +15,7 @@ from controlplane.specs import Role
 
 
 def _router(kind: RecordKind) -> APIRouter:
-    router = APIRouter(prefix=f"/{kind.path}", tags=[kind.path])
+    router = APIRouter(route_class=JsonRoute, prefix=f"/{kind.path}", tags=[kind.path])
     readers = require(kind.role)
     params = [
         {"name": f, "in": "query", "required": False, "schema": {"type": "string"}}
@@ -51,7 +52,7 @@ def _router(kind: RecordKind) -> APIRouter:
 
 
 def revisions_router() -> APIRouter:
-    router = APIRouter(tags=["deployments"])
+    router = APIRouter(route_class=JsonRoute, tags=["deployments"])
 
     @router.get(
         "/deployments/{ref}/revisions",

@@ -10,6 +10,7 @@ from pydantic import Discriminator, Field, Tag
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope, session_scope
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import CurrentPlacement, PreviewOut, Replanned
 from controlplane.errors import Conflict, InvalidSpec
 from controlplane.services import placement as svc
@@ -54,10 +55,16 @@ Change = Annotated[
 ]
 
 
+MAX_PREVIEW_CHANGES = 256
+"""Changes one preview may pretend (each rebuilds a list of the world's objects)."""
+
+
 class Preview(Spec):  # strict like every spec: no bool for a number, no control characters
     # tagged by `kind`: a bad field is reported for its own kind only, not for all three
     changes: list[Change] = Field(
-        min_length=1, description="What to pretend, e.g. a cluster down or a reservation ending."
+        min_length=1,
+        max_length=MAX_PREVIEW_CHANGES,
+        description="What to pretend, e.g. a cluster down or a reservation ending.",
     )
 
 
@@ -103,7 +110,7 @@ def engine_changes(body: Preview, world: svc.World) -> list[dict[str, Any]]:
 
 
 def placement_router() -> APIRouter:
-    router = APIRouter(prefix="/placement", tags=["placement"])
+    router = APIRouter(route_class=JsonRoute, prefix="/placement", tags=["placement"])
 
     @router.get(
         "",

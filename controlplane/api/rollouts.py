@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import actor_of, read_scope, session_scope
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import RolloutOut
 from controlplane.services import rollouts as svc
 from controlplane.services.resources import KINDS
@@ -18,7 +19,7 @@ Command = Literal["pause", "resume", "promote", "rollback"]
 
 
 def rollouts_router() -> APIRouter:
-    router = APIRouter(tags=["deployments"])
+    router = APIRouter(route_class=JsonRoute, tags=["deployments"])
     writers = require(KINDS["deployments"].write_role)
 
     @router.get(

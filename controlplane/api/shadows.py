@@ -9,6 +9,7 @@ from pydantic import Field
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.context import read_scope
+from controlplane.api.jsonbody import JsonRoute
 from controlplane.api.schemas import Out
 from controlplane.services import shadows as svc
 from controlplane.services.resources import KINDS
@@ -35,7 +36,7 @@ class ShadowReportOut(Out):
 
 
 def shadows_router() -> APIRouter:
-    router = APIRouter(tags=["deployments"])
+    router = APIRouter(route_class=JsonRoute, tags=["deployments"])
 
     @router.get(
         "/deployments/{ref}/shadow",

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from controlplane.services.validation import field_path, friendly
+from controlplane.services.validation import field_errors
 from controlplane.specs import (
     ApiPriceSpec,
     ClusterSpec,
@@ -142,7 +142,7 @@ def parse_documents(text: str, filename: str) -> list[Document]:
                 continue
             line = node.start_mark.line + 1
             data = loader.construct_document(node)
-            docs.extend(_expand(data, f"{filename}:{line}"))
+            _expand(data, f"{filename}:{line}", docs)
     except yaml.YAMLError as exc:
         raise CliError(_yaml_error(exc, filename), exit_code=2) from exc
     except RecursionError:  # PyYAML composes and constructs nested nodes recursively
@@ -160,17 +160,35 @@ def _yaml_error(exc: yaml.YAMLError, filename: str) -> str:
     return f"{where}: not valid YAML: {problem}"
 
 
-def _expand(data: Any, source: str) -> list[Document]:
-    if data is None:
-        return []
-    if not isinstance(data, dict):
-        raise CliError(f"{source}: a manifest must be a mapping with `kind:`", exit_code=2)
-    if data.get("kind") == "List":
+MAX_DOCUMENTS = 10_000
+"""Objects one file may hold, `kind: List` items included: YAML aliases let a few hundred
+bytes name millions of them."""
+
+
+def _expand(data: Any, source: str, docs: list[Document]) -> None:
+    """Append the objects ``data`` holds to ``docs`` (a `kind: List` is its items, in order)."""
+    stack: list[tuple[Any, str]] = [(data, source)]
+    visited = 0
+    while stack:
+        data, source = stack.pop()
+        visited += 1
+        if visited > MAX_DOCUMENTS or len(docs) == MAX_DOCUMENTS:  # Lists count too
+            raise CliError(
+                f"{source}: more than {MAX_DOCUMENTS} objects in one file (YAML aliases count "
+                "each time they are used); split the file",
+                exit_code=2,
+            )
+        if data is None:
+            continue
+        if not isinstance(data, dict):
+            raise CliError(f"{source}: a manifest must be a mapping with `kind:`", exit_code=2)
+        if data.get("kind") != "List":
+            docs.append(Document(source, data))
+            continue
         items = data.get("items")
         if not isinstance(items, list):
             raise CliError(f"{source}: a `kind: List` needs `items:` (a list)", exit_code=2)
-        return [d for i, item in enumerate(items) for d in _expand(item, f"{source} items[{i}]")]
-    return [Document(source, data)]
+        stack.extend((item, f"{source} items[{i}]") for i, item in reversed(list(enumerate(items))))
 
 
 @dataclass(frozen=True)
@@ -205,9 +223,7 @@ def to_manifest(doc: Document) -> Manifest:
     try:
         spec = kind.spec.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{field_path(tuple(e['loc']))}: {friendly(e['type'], e['msg'])}" for e in exc.errors()
-        )
+        _, problems = field_errors(exc.errors())
         raise CliError(f"{doc.source}: {label}: {problems}", exit_code=2) from exc
     return Manifest(kind, getattr(spec, "name"), spec, doc.source)  # noqa: B009
 

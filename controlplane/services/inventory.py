@@ -11,7 +11,6 @@ import base64
 import hashlib
 import logging
 import secrets
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pydantic_core import to_jsonable_python
 from sqlalchemy import Connection, Select, bindparam, select
 from sqlalchemy.orm import Session
 
+from controlplane import spec_values
 from controlplane.credentials import generate_cluster_credentials, hash_password
 from controlplane.db import models as m
 from controlplane.errors import BadRequest, Conflict, InvalidSpec, NotFound, StaleGeneration
@@ -228,11 +228,19 @@ def replace(
     spec: Spec,
     actor: Actor,
     expected_generation: int | None = None,
+    must_exist: bool = False,
 ) -> WriteResult:
+    """Create or replace ``name``; ``must_exist`` (``If-Match: *``): replace only, decided
+    on the locked row (a DELETE committed meanwhile is seen, never undone by a create)."""
     if getattr(spec, "name") != name:  # noqa: B009
         raise InvalidSpec.on("name", f"must equal the name in the URL ('{name}')")
     row = _locked(session, kind, name, by_id=False)
     if row is None:
+        if must_exist:
+            raise StaleGeneration(
+                f"{kind.kind} '{name}' does not exist and If-Match: * asks for an existing "
+                "one; drop If-Match to create it"
+            )
         if expected_generation is not None:
             raise StaleGeneration(
                 f"{kind.kind} '{name}' does not exist; drop If-Match to create it"
@@ -411,11 +419,9 @@ def hash_token(secret: str) -> str:
 
 
 def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
+    """A reference is an id only in the canonical form (names cannot take it); any other
+    form ``uuid.UUID`` reads (32 hex digits, dashes anywhere) is a name."""
+    return spec_values.is_canonical_uuid(value)
 
 
 def _encode_cursor(name: str) -> str:

@@ -195,6 +195,15 @@ def _check_delete_region(session: Session, row: m.Region, force: bool) -> None:
     _refuse_if(pools, "has pools", "delete those pools first")
     clusters = list(session.scalars(select(m.Cluster).where(m.Cluster.region_id == row.id)))
     _refuse_if(clusters, "hosts clusters", "delete those clusters first")
+    named = select(m.Deployment).where(
+        m.Deployment.placement["allowed_regions"].contains([row.name])
+        | m.Deployment.traffic.has_key(row.name)
+    )
+    _refuse_if(
+        list(session.scalars(named)),
+        "named by deployments",
+        "remove it from their placement.allowed_regions and traffic first",
+    )
 
 
 # GPU types ---------------------------------------------------------------------------------

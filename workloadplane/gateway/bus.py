@@ -131,4 +131,4 @@ class GatewayBus:
             log.debug("routing table resync failed: %s", exc)
             return
         if raw.data and not (raw.headers and raw.headers.get(KV_OPERATION)):
-            self.state.apply_table(raw.data)
+            self.state.apply_table(raw.data, stored=True)

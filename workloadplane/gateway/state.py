@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 ROUTES_FILE = "routing-table"
 _MAX_CHOICES = 1024
+STORED_RESET_READS = 3
+"""Reads of the bucket in a row (one per resync, 10 s apart) that find an older table than
+the one held before it is taken as the fleet's (``GatewayState.apply_table``)."""
 _EDGE_S = 1e-6
 """Kept answers expire this much before a verdict's edge (float rounding at the edge)."""
 
@@ -72,7 +75,9 @@ class RoutesStore:
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, frame(raw))
+            view = memoryview(frame(raw))
+            while view:  # a short write (a full disk) would replace the file with a torn one
+                view = view[os.write(fd, view) :]
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -280,6 +285,8 @@ class GatewayState:
         self.regions: dict[str, RegionPoint] = {}
         self.last_report_at: float | None = None
         self.bus_connected = False
+        self._older: tuple[tuple[int, int], int] | None = None
+        """The older table the store holds, and how many reads in a row found it."""
         self._choices: dict[
             tuple[str, str | None, frozenset[str]],
             tuple[tuple[object, ...], float, float, Choice],
@@ -296,8 +303,15 @@ class GatewayState:
         log.info("routing from the persisted table %s", table.version)
         return True
 
-    def apply_table(self, data: bytes) -> bool:
-        """A table from the bus: installed and persisted if valid and newer."""
+    def apply_table(self, data: bytes, *, stored: bool = False) -> bool:
+        """A table from the bus: installed and persisted if valid and newer.
+
+        ``stored``: read from the bucket (not a watch delivery), whose latest value only the
+        control plane writes. An older table read there ``STORED_RESET_READS`` times in a row
+        is installed: the control plane was rebuilt or restored with a new NATS store and
+        numbers its tables from the start again, and it cannot know what this gateway holds
+        (a gateway reports nothing), so waiting for a newer one would route from the old
+        fleet for good. A late delivery of an old table is never read twice in a row there."""
         try:
             table = decode_routing_table(data)
         except RejectedMessageError as exc:
@@ -305,9 +319,24 @@ class GatewayState:
             log.warning("rejected a routing table: %s", exc)
             return False
         if self.table is not None and table.version <= self.table.version:
-            if table.version < self.table.version:
+            if table.version == self.table.version:
+                self._older = None
+                return False
+            if stored:
+                held = self._older
+                reads = held[1] + 1 if held is not None and held[0] == table.version else 1
+                self._older = (table.version, reads)
+            if not stored or self._older is None or self._older[1] < STORED_RESET_READS:
                 self.metrics.rejected.labels("routing_table", "older").inc()
-            return False
+                return False
+            log.warning(
+                "the control plane's routing table went back from %s to %s and stayed there "
+                "%d reads: taking it (the control plane was rebuilt or restored)",
+                self.table.version,
+                table.version,
+                STORED_RESET_READS,
+            )
+        self._older = None
         bad = _unreachable_endpoint(table)
         if bad is not None:  # refused whole: a half-installed table routed to no plane
             self.metrics.rejected.labels("routing_table", "bad_endpoint").inc()
@@ -315,7 +344,10 @@ class GatewayState:
             return False
         self._install(table)
         if self.store is not None:
-            self.store.save(data)
+            try:
+                self.store.save(data)
+            except OSError as exc:  # routes on from memory; a restart without NATS has less
+                log.error("cannot persist the routing table to %s: %s", self.store.path, exc)
         return True
 
     def _install(self, table: RoutingTable) -> None:

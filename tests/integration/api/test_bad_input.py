@@ -5,9 +5,12 @@ Each case here was a 500, a `{"detail": …}` body or a silent coercion before (
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.db import models as m
 from controlplane.jurisdictions import ISO_3166_ALPHA2
@@ -82,6 +85,31 @@ def test_if_match_star_replaces_an_existing_object_and_never_creates_one(admin):
     missing = admin.put("gpu-types/B200", b.gpu_type("B200"), **{"If-Match": "*"})
     assert "drop If-Match" in _problem(missing, 409)["detail"]
     assert admin.get("gpu-types/B200").status_code == 404
+
+
+def test_if_match_star_never_brings_back_an_object_deleted_while_it_waited(admin, engine):
+    """The existence check ran before the row lock: a PUT with If-Match: * that waited on a
+    DELETE's lock then found no row and created it (201), undoing the delete."""
+    assert admin.post("gpu-types", b.gpu_type()).status_code == 201
+    with engine.connect() as deleting:
+        deleting.execute(text("DELETE FROM gpu_types WHERE name = 'H100-80G'"))  # holds the lock
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            put = pool.submit(
+                admin.put, "gpu-types/H100-80G", b.gpu_type(memory_gib=94), **{"If-Match": "*"}
+            )
+            with engine.connect() as watch:  # until the PUT waits on the row lock
+                query = text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%gpu_types%'"
+                )
+                deadline = time.monotonic() + 20
+                while not watch.execute(query).scalar() and time.monotonic() < deadline:
+                    watch.rollback()
+                    time.sleep(0.02)
+            deleting.commit()
+            answer = put.result(timeout=30)
+    assert "drop If-Match" in _problem(answer, 409)["detail"]
+    assert admin.get("gpu-types/H100-80G").status_code == 404
 
 
 def test_an_if_match_that_is_no_generation_is_a_400_naming_the_header(admin):
@@ -169,3 +197,86 @@ def test_the_document_declares_problems_the_bearer_scheme_and_what_validation_ac
     assert set(jurisdiction["enum"]) == ISO_3166_ALPHA2 and "AA" not in jurisdiction["enum"]
     allowed = schemas["PlacementSpec"]["properties"]["allowed_jurisdictions"]["items"]
     assert set(allowed["enum"]) == ISO_3166_ALPHA2
+
+
+def test_a_name_of_an_ids_form_is_refused_and_other_hex_names_are_names(admin):
+    """Such a name was accepted, then every GET, PATCH or DELETE of it looked it up as an id:
+    404 for an object that exists (or, named after another object's id, that other one)."""
+    refused = admin.post("gpu-types", b.gpu_type("0123abcd-0000-4000-8000-0123456789ab"))
+    assert "form of an object id" in _problem(refused, 422)["errors"][0]["message"]
+    hexname = "0123456789abcdef0123456789abcdef"  # uuid.UUID reads it; not an id's form
+    assert admin.post("providers", b.provider()).status_code == 201
+    assert admin.post("regions", b.region(hexname)).status_code == 201
+    assert admin.get(f"regions/{hexname}").json()["name"] == hexname
+    assert admin.patch(f"regions/{hexname}", {"latitude": 1}).status_code == 200
+    assert admin.delete(f"regions/{hexname}").status_code == 204
+
+
+def test_a_negative_zero_price_is_stored_as_zero_and_a_repeat_changes_nothing(admin):
+    b.seed(admin)
+    first = admin.put("pools/aws-use1-h100-od", b.pool(price_per_gpu_hour="-0"))
+    assert first.json()["price_per_gpu_hour"] == "0.000000"
+    again = admin.put("pools/aws-use1-h100-od", b.pool(price_per_gpu_hour="-0"))
+    assert again.json()["generation"] == first.json()["generation"]
+
+
+def test_a_key_twice_in_a_body_is_refused_naming_it(admin):
+    """json.loads kept the last of two equal keys: one value was dropped without a word."""
+    raw = b'{"name": "H100-80G", "memory_gib": 80, "memory_gib": 0}'
+    twice = admin.client.post(
+        "/api/v1/gpu-types",
+        content=raw,
+        headers=admin.headers | {"content-type": "application/json"},
+    )
+    assert "'memory_gib' twice" in _problem(twice, 400)["detail"]
+    merged = admin.post("providers", b.provider(labels={"team": "a", "team ": "b"}))
+    assert "'team' twice" in _problem(merged, 422)["detail"]
+    assert admin.get("gpu-types/H100-80G").status_code == 404
+
+
+def test_a_thousand_errors_get_an_answer_naming_twenty(admin):
+    """Each error was named: a 1.5 MB body got a 20 MB answer."""
+    body = b.gpu_type() | {f"unknown-{i}": 0 for i in range(1000)}
+    problem = _problem(admin.post("gpu-types", body), 422)
+    assert len(problem["errors"]) == 20
+    assert problem["detail"].endswith("and 980 more (fix these first)")
+
+
+def test_a_region_a_deployment_names_cannot_be_deleted(admin):
+    """It could: the deployment then placed nowhere and no PATCH of it validated again."""
+    b.seed(admin)
+    admin.post("regions", b.region("aws-us-west-2"))
+    allowed = b.deployment(placement={"allowed_regions": ["aws-us-east-1"]})
+    assert admin.post("deployments", allowed).status_code == 201
+    traffic = b.deployment("batch", traffic={"aws-us-west-2": 1})
+    assert admin.post("deployments", traffic).status_code == 201
+    for region, user in (("aws-us-east-1", "chat-llm"), ("aws-us-west-2", "batch")):
+        admin.delete("pools/aws-use1-h100-od")
+        admin.delete("clusters/use1-a")
+        refused = _problem(admin.delete(f"regions/{region}"), 409)
+        assert "named by deployments" in refused["detail"] and user in refused["detail"]
+    assert admin.delete("deployments/batch").status_code == 204
+    assert admin.delete("regions/aws-us-west-2").status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("deployments", b.deployment(traffic={"a": 1e308, "b": 1e308}), "traffic.a"),
+        (
+            "deployments",
+            b.deployment(autoscaling={"min_replicas": 0, "scale_to_zero_idle_seconds": 1e308}),
+            "autoscaling.scale_to_zero_idle_seconds",
+        ),
+        (
+            "placement/preview",
+            {"changes": [{"kind": "cluster", "name": "use1-a", "state": "down"}] * 257},
+            "changes",
+        ),
+    ],
+    ids=["traffic-weight", "idle-seconds", "preview-changes"],
+)
+def test_numbers_and_lists_without_a_use_that_large_are_refused(admin, path, body, field):
+    b.seed(admin)
+    problem = _problem(admin.post(path, body), 422)
+    assert problem["errors"][0]["field"] == field

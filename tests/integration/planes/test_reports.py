@@ -131,3 +131,28 @@ async def test_a_plane_flooding_facts_is_held_to_its_budget_and_its_heartbeats_s
     beat = ObservedState(cluster="use1-a", source="cluster/use1-a")
     assert await sink.record_observed("use1-a", beat, at) == []  # not held by the budget
     assert admin.get("clusters/use1-a").json()["status"]["state"] == "healthy"
+
+
+async def test_a_fact_dated_before_year_one_is_kept_and_every_read_of_events_still_works(
+    admin, session_factory
+):
+    """Year 1 at +01:00 is before year 1 in UTC: PostgreSQL stored it, the driver could not
+    read it back, and every page of events (and the events webhook) failed from then on."""
+    import json
+
+    from controlplane.contracts import decode_report
+
+    b.seed(admin)
+    admin.post("deployments", b.deployment())
+    raw = json.dumps({
+        "type": "replicas_scaled", "source": "cluster/use1-a", "cluster": "use1-a",
+        "time": "0001-01-01T00:00:00+01:00", "deployment": "chat-llm",
+        "from_replicas": 1, "to_replicas": 2, "reason": "forged time",
+    }).encode()  # fmt: skip
+    fact = decode_report(raw)
+    assert isinstance(fact, ReplicasScaled)
+    await DbSink(session_factory).record_fact("use1-a", fact, datetime.now(UTC))
+    answer = admin.get("events", object_name="chat-llm")
+    assert answer.status_code == 200
+    [event] = answer.json()["items"]
+    assert event["type"] == "ReplicasScaled" and event["occurred_at"].startswith("1970-01-01")

@@ -348,3 +348,17 @@ def test_a_heartbeat_within_bounds_is_read():
     assert isinstance(beat, c.ObservedState) and beat.free_capacity[0].waiting_replicas == {
         "chat": 2
     }
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [
+        ("0001-01-01T00:00:00+01:00", "1970-01-01T00:00:00+00:00"),  # before year 1 in UTC
+        ("1969-12-31T23:59:59Z", "1970-01-01T00:00:00+00:00"),
+        ("9999-12-31T23:00:00-05:00", "2999-12-31T23:59:59+00:00"),  # after year 9999 in UTC
+        ("2026-12-07T10:00:00+02:00", "2026-12-07T08:00:00+00:00"),
+    ],
+)
+def test_a_report_time_is_read_in_utc_within_what_the_database_reads_back(sent, read):
+    fact = c.decode_report(_report(type="node_unhealthy", instance_id="i-1", time=sent))
+    assert fact.time.isoformat() == read

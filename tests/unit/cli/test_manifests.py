@@ -259,3 +259,27 @@ def test_an_object_stored_before_todays_limits_is_an_update_not_a_traceback() ->
     (m,) = load_manifests_from([pool(gpus=64)])
     change = plan_one(m, served(pool()) | {"gpus": 2_000_000})
     assert change.action == Action.update and change.generation is not None
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["objects", "empty-lists"])
+def test_a_file_of_nested_list_aliases_is_refused_before_it_expands(empty: bool) -> None:
+    """A 700-byte file of nine nested `kind: List`s, each naming the last nine times,
+    expanded into ~387 million objects (or visits, for empty Lists) and ran out of memory."""
+    leaf = "{kind: List, items: []}" if empty else "{kind: GpuType, name: a, memory_gib: 8}"
+    lines = [f"l0: &l0 {leaf}"]
+    for n in range(1, 10):
+        lines.append(f"l{n}: &l{n} {{kind: List, items: [{', '.join([f'*l{n - 1}'] * 9)}]}}")
+    text = "kind: List\nx:\n" + "".join(f"  {line}\n" for line in lines) + "items: [*l9]\n"
+    assert len(text) < 2000
+    with pytest.raises(CliError) as refused:
+        parse_documents(text, "bomb.yaml")
+    assert "more than 10000 objects in one file" in refused.value.message
+    assert refused.value.exit_code == 2
+
+
+def test_an_invalid_spec_names_the_first_errors_and_counts_the_rest() -> None:
+    """Every one of a thousand errors went into one line (an answer many times its input)."""
+    with pytest.raises(CliError) as exc:
+        load_manifests_from([pool(**{f"k{i}": 0 for i in range(1000)})])
+    assert exc.value.message.count("unknown field") == 20
+    assert exc.value.message.endswith("and 980 more (fix these first)")

@@ -577,7 +577,7 @@ async def test_a_fault_of_the_gateways_own_in_a_relay_answers_500_and_serving_go
 ):
     """An exception raised in a relay callback (a bug) escaped into the plane connection's
     parser, where nothing answered the client: it waited for good."""
-    front, a, _, client = fleet
+    front, _, _, client = fleet
     calls = [0]
     route_header = front.app._route_header
 
@@ -588,9 +588,9 @@ async def test_a_fault_of_the_gateways_own_in_a_relay_answers_500_and_serving_go
         return route_header(ranked)
 
     monkeypatch.setattr(front.app, "_route_header", broken)
-    status, headers, body = await client.ask()
+    status, _, body = await client.ask()
     assert status == 500
     assert json.loads(body)["error"]["code"] == "internal_error"
     assert "send it again" in json.loads(body)["error"]["message"]
-    status, headers, body = await client.ask()  # the same client connection goes on
+    status, _, body = await client.ask()  # the same client connection goes on
     assert status == 200 and body == ANSWER and calls[0] == 2

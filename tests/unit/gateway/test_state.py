@@ -321,3 +321,67 @@ def test_series_of_deployments_and_planes_that_left_the_table_leave_the_metrics(
         == 1.0
     )
     state.close()
+
+
+def test_an_older_table_the_bucket_keeps_holding_is_taken_as_a_rebuilt_fleets(tmp_path: Path):
+    """A control plane rebuilt with a new NATS store numbers its tables from the start
+    again; a gateway restored from disk with a higher one dropped every new table for good."""
+    from workloadplane.gateway.state import STORED_RESET_READS
+
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(5000))
+    for _ in range(10):  # watch deliveries of an older table never count
+        assert not state.apply_table(table(1))
+    for _ in range(STORED_RESET_READS - 1):
+        assert not state.apply_table(table(1), stored=True)
+    assert not state.apply_table(table(2))  # a watch delivery in between changes nothing
+    assert state.apply_table(table(1), stored=True)
+    assert set(state.routes) == {"chat1"}
+    assert state.apply_table(table(2))  # and the new numbering goes on as usual
+    state.close()
+
+
+def test_an_older_table_read_between_newer_ones_is_never_taken(tmp_path: Path):
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(10))
+    for generation in (9, 8, 9, 7, 9):  # each a different older table: no run of one
+        assert not state.apply_table(table(generation), stored=True)
+    assert not state.apply_table(table(9), stored=True)  # 9 once more after 7: two in a row
+    assert not state.apply_table(table(10), stored=True)  # the bucket agrees again
+    assert not state.apply_table(table(9), stored=True)
+    assert set(state.routes) == {"chat10"}
+    state.close()
+
+
+def test_a_table_that_cannot_be_persisted_is_still_routed_from(tmp_path: Path, monkeypatch):
+    """An OSError saving the table (a full disk) escaped into the resync loop and ended it."""
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(1))
+
+    def full(fd: int, data: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("workloadplane.gateway.state.os.write", full)
+    assert state.apply_table(table(2))
+    assert set(state.routes) == {"chat2"}
+    monkeypatch.undo()
+    again = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert again.restore() and set(again.routes) == {"chat1"}  # the last good file stayed
+    state.close()
+    again.close()
+
+
+def test_a_short_write_still_persists_the_whole_table(tmp_path: Path, monkeypatch):
+    import os
+
+    real = os.write
+    monkeypatch.setattr(
+        "workloadplane.gateway.state.os.write", lambda fd, data: real(fd, bytes(data[:7]))
+    )
+    state = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert state.apply_table(table(3))
+    monkeypatch.undo()
+    again = GatewayState("r", Clock(), RoutesStore(tmp_path))
+    assert again.restore() and set(again.routes) == {"chat3"}
+    state.close()
+    again.close()
