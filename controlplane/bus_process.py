@@ -411,6 +411,8 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
         bytes_per_s_max=settings.report_bytes_per_s_max,
         facts_per_s=settings.report_facts_per_s,
         facts_burst=settings.report_facts_burst,
+        heartbeats_per_s=settings.report_heartbeats_per_s,
+        heartbeats_burst=settings.report_heartbeats_burst,
     )
     sink = DbSink(factory, on_change=on_change, bounds=bounds)
     consumer = ReportConsumer(js, sink)

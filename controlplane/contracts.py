@@ -88,9 +88,9 @@ def strip_userinfo(url: str) -> str:
         scheme, sep, rest = one.partition("://")
         if not sep:
             scheme, rest = "", one
-        netloc, slash, path = rest.partition("/")
-        netloc = netloc.rpartition("@")[2]
-        out.append(f"{scheme}{sep}{netloc}{slash}{path}")
+        if "@" in rest:  # a password may hold "/" (or "?", "#") unescaped: cut to the last "@"
+            rest = rest.rpartition("@")[2]
+        out.append(f"{scheme}{sep}{rest}")
     return ",".join(out)
 
 

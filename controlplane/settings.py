@@ -124,6 +124,16 @@ class Settings(BaseSettings):
     report_facts_burst: float = Field(
         default=5000.0, ge=1, le=1e9, description="facts one cluster may send at once"
     )
+    report_heartbeats_per_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=1e6,
+        description="heartbeats of one cluster recorded per second, sustained; past it (and "
+        "the burst) one is dropped and counted (`heartbeat_rate`): a newer one follows",
+    )
+    report_heartbeats_burst: float = Field(
+        default=100.0, ge=1, le=1e9, description="heartbeats of one cluster recorded at once"
+    )
     spend_guard_window_s: float = Field(
         default=3600.0, gt=0, description="the spend guard's sliding window"
     )

@@ -68,7 +68,11 @@ Name = Annotated[
         "id's form (8-4-4-4-12 hex digits)."
     ),
 ]
-GpuTypeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+GpuTypeName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+    AfterValidator(_not_an_id),
+]
 Certification = Annotated[str, StringConstraints(pattern=r"^[A-Z0-9][A-Z0-9-]{1,31}$")]
 Jurisdiction = Annotated[
     str,

@@ -62,6 +62,12 @@ class Bounds:
     """Facts one cluster may send per second, sustained (``FactBudget``)..."""
     facts_burst: float = 5000.0
     """... and at once (a plane restarting reports each replica it finds)."""
+    heartbeats_per_s: float = 10.0
+    """Heartbeats one cluster may have recorded per second, sustained (an agent sends one
+    every few seconds): each costs a database transaction in the one consumer every plane
+    shares, so a plane publishing them in a loop delayed everyone's..."""
+    heartbeats_burst: float = 100.0
+    """... and at once (a backlog after the bus was away: only the newest counts anyway)."""
 
 
 class FactBudget:

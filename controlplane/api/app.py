@@ -21,6 +21,7 @@ from controlplane.api.costs import costs_router
 from controlplane.api.docs import docs_router
 from controlplane.api.fleetmetrics import FleetCollector
 from controlplane.api.inventory import inventory_routers
+from controlplane.api.jsonbody import BodyRefused
 from controlplane.api.limits import BodyLimitMiddleware
 from controlplane.api.metrics import ApiMetrics, MetricsMiddleware, metrics_router
 from controlplane.api.observed import observed_routers
@@ -89,6 +90,8 @@ def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
         detail = f"{request.method} is not allowed on {path}; use one of: {allowed}"
+    elif isinstance(exc, BodyRefused):
+        detail = str(exc.detail)
     elif exc.status_code == 400:
         detail = (
             "the request body cannot be parsed (e.g. JSON nested too deep); send a plain "

@@ -12,13 +12,17 @@ from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 
 
+class BodyRefused(HTTPException):
+    """A body refused while FastAPI reads it (its 400 keeps this detail)."""
+
+
 def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise HTTPException(
+                raise BodyRefused(
                     400,
                     f"the JSON body has the key {key[:64]!r} twice in one object; send each "
                     "key once",

@@ -60,10 +60,14 @@ def revisions_router() -> APIRouter:
         response_model=RevisionPage,
     )
     def list_revisions(
-        request: Request, ref: str, _: Principal = Depends(require(Role.viewer))
+        request: Request,
+        ref: str,
+        limit: int = Query(100, ge=1, le=500),
+        cursor: str | None = Query(None, max_length=64),
+        _: Principal = Depends(require(Role.viewer)),
     ) -> JSONResponse:
         with read_scope(request) as session:
-            return JSONResponse(records.revisions(session, ref))
+            return JSONResponse(records.revisions(session, ref, limit, cursor))
 
     return router
 

@@ -21,6 +21,10 @@ REPORTS_MAX_BYTES = 1024**3
 """The stream's disk: a plane publishing in a loop (its own subjects are all it may use) pushes
 out the oldest reports instead of filling the control plane's disk; planes report their whole
 state again at every heartbeat, so what is lost is history, not state."""
+REPORTS_PER_SUBJECT = 1000
+"""Reports the stream keeps per subject (one cluster's heartbeats, or its facts of one
+type): a plane publishing in a loop pushes out its own oldest reports, not other planes'
+(past the stream's bytes, the oldest of all go)."""
 DUPLICATE_WINDOW_S = 120.0
 STREAM_NAME_IN_USE = 10058  # JetStream: a stream of that name exists with another config
 
@@ -61,6 +65,7 @@ async def ensure_reports_stream(js: JetStreamContext) -> None:
         storage=StorageType.FILE,
         max_age=REPORTS_MAX_AGE_S,
         max_bytes=REPORTS_MAX_BYTES,
+        max_msgs_per_subject=REPORTS_PER_SUBJECT,
         discard=DiscardPolicy.OLD,
         duplicate_window=DUPLICATE_WINDOW_S,
         description="gpufleet observed state and facts from workload planes",

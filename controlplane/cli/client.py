@@ -6,6 +6,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -47,11 +48,41 @@ def _without_kind(detail: str) -> str:
     return detail
 
 
+def segment(name: str) -> str:
+    """``name`` as one path segment: escaped, so that a name holding "/", "?", "#" or ".."
+    names that object (the API finds none) instead of another one."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CliError(
+            f"{name.encode('utf-8', 'replace').decode()!r} is not valid UTF-8; give a name as "
+            "the API shows it"
+        ) from None
+    return quote(name, safe="").replace(".", "%2E")
+
+
 def _not_a_url(url: str, exc: Exception) -> CliError:
     return CliError(
         f"{url!r} is not a URL the CLI can use ({exc}); give one like http://127.0.0.1:8080 "
-        "(--url, GPUFLEET_URL or `gpufleet login`)"
+        "(GPUFLEET_URL or `gpufleet login --url`)"
     )
+
+
+def _cause(exc: httpx.ConnectError) -> str:
+    """Why a connection failed, in a few words (a refused port, a name that does not resolve,
+    an untrusted certificate, a proxy)."""
+    text = str(exc).lower()
+    if "certificate" in text or "ssl" in text:
+        return "its TLS certificate is not trusted: set SSL_CERT_FILE to its CA"
+    if (
+        "name or service not known" in text
+        or "nodename nor servname" in text
+        or "resolution" in text
+    ):
+        return "the host name does not resolve"
+    if "refused" in text:
+        return "connection refused"
+    return strip_userinfo(str(exc))[:120] or type(exc).__name__
 
 
 CONNECT_TIMEOUT_S = 3.0
@@ -81,15 +112,22 @@ class Client:
         if context.token and not context.token.isascii():  # httpx: a UnicodeEncodeError
             raise CliError(
                 "the token has characters other than ASCII, so it is not a gpufleet token; "
-                "check GPUFLEET_TOKEN, --token or `gpufleet login`"
+                "check GPUFLEET_TOKEN or `gpufleet login`"
             )
         headers = {"Authorization": f"Bearer {context.token}"} if context.token else {}
         headers["User-Agent"] = "gpufleet-cli"
         timeout = httpx.Timeout(self.timeout_s, connect=min(CONNECT_TIMEOUT_S, self.timeout_s))
+        self.source = context.source
         try:
             self._http = httpx.Client(base_url=context.url + API, headers=headers, timeout=timeout)
         except httpx.InvalidURL as exc:
             raise _not_a_url(self.shown, exc) from None
+        except Exception as exc:  # a proxy, certificate or other setting of the environment
+            raise CliError(
+                f"cannot set up a connection to {self.shown}: {type(exc).__name__}: "
+                f"{strip_userinfo(str(exc))[:200]}; check HTTP_PROXY, HTTPS_PROXY, ALL_PROXY "
+                "and SSL_CERT_FILE"
+            ) from None
 
     def __enter__(self) -> Client:
         return self
@@ -103,10 +141,15 @@ class Client:
             response = self._http.request(method, path, **kwargs)
         except httpx.InvalidURL as exc:
             raise _not_a_url(self.shown, exc) from None
+        except UnicodeEncodeError:
+            raise CliError(
+                "an argument (a name or a --where value) is not valid UTF-8; give it as the "
+                "API shows it"
+            ) from None
         except httpx.ConnectError as exc:
             raise CliError(
-                f"cannot reach the control plane at {self.shown}; is `gpufleet up` running? "
-                "(or set --url / GPUFLEET_URL, or run `gpufleet login`)"
+                f"cannot reach the control plane at {self.shown} ({_cause(exc)}); is "
+                "`gpufleet up` running? (or set GPUFLEET_URL, or run `gpufleet login --url`)"
             ) from exc
         except httpx.ConnectTimeout as exc:
             raise CliError(
@@ -122,16 +165,33 @@ class Client:
             ) from exc
         except httpx.HTTPError as exc:
             raise CliError(f"request to {self.shown} failed: {exc}") from exc
+        if 300 <= response.status_code < 400:  # httpx follows none: nothing was done
+            to = strip_userinfo(response.headers.get("location", "(no Location)"))[:200]
+            raise ApiError(
+                f"{self.shown} answered {response.status_code}, a redirect to {to}: nothing "
+                "was done; use that URL (GPUFLEET_URL or `gpufleet login --url`)",
+                response.status_code,
+            )
         if response.status_code >= 400:
             prefix = f"{what}: " if what else ""
             message = prefix + problem_line(response)
             if response.status_code == 401:
-                message += f"; run `gpufleet login --url {self.shown} --token <token>` or set GPUFLEET_TOKEN"
+                message += "; " + self._token_hint()
             raise ApiError(message, response.status_code)
         return response
 
+    def _token_hint(self) -> str:
+        """What to do about a refused token, by where it came from (never on a command line:
+        it would stay in the shell's history)."""
+        if "GPUFLEET_TOKEN" in self.source:
+            return "the token comes from GPUFLEET_TOKEN: set it to a valid token, or unset it"
+        return f"run `gpufleet login --url {self.shown}` (it asks for the token)"
+
     def get(self, path: str, what: str = "", params: Mapping[str, Any] | None = None) -> Any:
-        response = self.request("GET", path, what, params=params)
+        return self.json_of(self.request("GET", path, what, params=params))
+
+    def json_of(self, response: httpx.Response) -> Any:
+        """The answer's JSON (a proxy's HTML page is named, not a traceback)."""
         try:
             return response.json()
         except ValueError:
@@ -141,13 +201,13 @@ class Client:
         kind = response.headers.get("content-type", "no content type")
         return CliError(
             f"{self.shown} answered {response.status_code} with {kind:.60}, not the API's JSON: "
-            "is it a gpufleet control plane? (--url, GPUFLEET_URL or `gpufleet login`)"
+            "is it a gpufleet control plane? (GPUFLEET_URL or `gpufleet login --url`)"
         )
 
     def find(self, path: str, ref: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            return self.get(f"/{path}/{ref}", f"{path} '{ref}'")
+            return self.get(f"/{path}/{segment(ref)}", f"{path} '{ref}'")
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -182,14 +242,16 @@ class Client:
 
     def put(self, path: str, name: str, body: Mapping[str, Any], generation: int | None) -> Any:
         headers = {"If-Match": f'"{generation}"'} if generation is not None else {}
-        response = self.request(
-            "PUT", f"/{path}/{name}", f"{path} '{name}'", json=dict(body), headers=headers
+        return self.json_of(
+            self.request(
+                "PUT",
+                f"/{path}/{segment(name)}",
+                f"{path} '{name}'",
+                json=dict(body),
+                headers=headers,
+            )
         )
-        try:
-            return response.json()
-        except ValueError:
-            raise self._not_the_api(response) from None
 
     def delete(self, path: str, name: str, force: bool = False) -> None:
         params = {"force": "true"} if force else None
-        self.request("DELETE", f"/{path}/{name}", f"{path} '{name}'", params=params)
+        self.request("DELETE", f"/{path}/{segment(name)}", f"{path} '{name}'", params=params)

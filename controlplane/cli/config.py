@@ -43,12 +43,16 @@ def config_path() -> Path:
 
 
 def read_file(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
     try:
+        if not path.exists():
+            return {}
         data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
+    except OSError as exc:  # PermissionError too (a directory it may not enter)
         raise CliError(f"cannot read {path}: {exc}; fix it or run `gpufleet login` again") from exc
+    except UnicodeDecodeError:
+        raise CliError(
+            f"cannot read {path}: it is not UTF-8 text; delete it and run `gpufleet login` again"
+        ) from None
     except yaml.YAMLError as exc:  # one line, and never the file's text: it holds the token
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

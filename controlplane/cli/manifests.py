@@ -133,7 +133,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def parse_documents(text: str, filename: str) -> list[Document]:
     """Every non-empty YAML document in `text`; a `kind: List` expands to its items."""
-    loader = _UniqueKeyLoader(text)
+    try:
+        loader = _UniqueKeyLoader(text)  # its reader refuses characters YAML does not take
+    except yaml.YAMLError as exc:
+        raise CliError(_yaml_error(exc, filename), exit_code=2) from exc
     docs: list[Document] = []
     try:
         while loader.check_node():

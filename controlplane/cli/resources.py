@@ -19,7 +19,7 @@ from typing import Any
 import typer
 
 from controlplane.cli import app, render
-from controlplane.cli.client import ApiError, Client
+from controlplane.cli.client import ApiError, Client, segment
 from controlplane.cli.config import config_path, load_context, save_context, token_prefix
 from controlplane.cli.manifests import (
     Action,
@@ -59,15 +59,33 @@ def _client() -> Client:
     return Client(load_context())
 
 
+MAX_MANIFEST_BYTES = 16 << 20
+"""The largest manifest file read (the API takes 1 MiB a request; 10,000 objects fit)."""
+
+
 def _read(file: str) -> list[Manifest]:
-    if file == "-":
-        return load_manifests(sys.stdin.read(), "<stdin>")
-    path = Path(file)
+    name = "<stdin>" if file == "-" else file
     try:
-        text = path.read_text()
+        if file == "-":
+            if sys.stdin is None:
+                raise CliError("stdin is closed: give the manifest as a file (-f FILE)", 2)
+            raw = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        else:
+            with Path(file).open("rb") as fh:
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise CliError(f"cannot read {file}: {exc.strerror or exc}", exit_code=2) from exc
-    return load_manifests(text, file)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CliError(
+            f"{name} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest; split it", 2
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"{name}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML", exit_code=2
+        ) from None
+    return load_manifests(text, name)
 
 
 def _plan(client: Client, manifests: list[Manifest]) -> list[Change]:
@@ -159,7 +177,7 @@ def _confirm(yes: bool, stdin_used: bool) -> None:
         return
     if stdin_used:
         raise CliError("the manifest came from stdin, so there is no one to ask; pass --yes")
-    if not sys.stdin.isatty():
+    if sys.stdin is None or not sys.stdin.isatty():
         raise CliError(
             "refusing to apply without confirmation: stdin is not a terminal; "
             "pass --yes to apply anyway"
@@ -273,7 +291,7 @@ def describe(
             recent = _events_of(client, k, name, events)
             rollout = _rollout_of(client, name) if k.path == "deployments" else None
             shadow = (
-                client.get(f"/deployments/{name}/shadow", f"deployment '{name}'")
+                client.get(f"/deployments/{segment(name)}/shadow", f"deployment '{name}'")
                 if k.path == "deployments" and obj.get("shadow")
                 else None
             )
@@ -283,7 +301,9 @@ def describe(
 def _rollout_of(client: Client, deployment: str) -> dict[str, Any] | None:
     """The deployment's current or last rollout; None when it never had one."""
     try:
-        return client.get(f"/deployments/{deployment}/rollout", f"deployment '{deployment}'")
+        return client.get(
+            f"/deployments/{segment(deployment)}/rollout", f"deployment '{deployment}'"
+        )
     except ApiError as exc:
         if exc.status == 404:
             return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from controlplane.cli import app, render
-from controlplane.cli.client import ApiError, Client
+from controlplane.cli.client import ApiError, Client, segment
 from controlplane.cli.config import load_context
 from controlplane.cli.manifests import CliError
 from controlplane.cli.resources import reported
@@ -21,7 +21,7 @@ DEPLOYMENT = typer.Argument(..., help="The deployment's name.")
 
 
 def _path(deployment: str) -> str:
-    return f"/deployments/{deployment}/rollout"
+    return f"/deployments/{segment(deployment)}/rollout"
 
 
 @rollout_app.command()
@@ -42,9 +42,9 @@ def status(deployment: str = DEPLOYMENT) -> None:
 
 def _command(verb: str, deployment: str) -> None:
     with reported(), Client(load_context()) as client:
-        rollout = client.request(
-            "POST", f"{_path(deployment)}/{verb}", f"deployment '{deployment}'"
-        ).json()
+        rollout = client.json_of(
+            client.request("POST", f"{_path(deployment)}/{verb}", f"deployment '{deployment}'")
+        )
     typer.echo(render.rollout_lines(rollout), nl=False)
 
 

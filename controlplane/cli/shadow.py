@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from controlplane.cli import app
-from controlplane.cli.client import ApiError, Client
+from controlplane.cli.client import ApiError, Client, segment
 from controlplane.cli.config import load_context
 from controlplane.cli.manifests import CliError
 from controlplane.cli.render import shadow_lines
@@ -26,7 +26,9 @@ def report(deployment: str = DEPLOYMENT) -> None:
     time to first token and end to end, copies dropped."""
     with reported(), Client(load_context()) as client:
         try:
-            body = client.get(f"/deployments/{deployment}/shadow", f"deployment '{deployment}'")
+            body = client.get(
+                f"/deployments/{segment(deployment)}/shadow", f"deployment '{deployment}'"
+            )
         except ApiError as exc:
             if exc.status != 404 or "no shadow" not in exc.message:
                 raise

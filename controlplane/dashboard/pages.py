@@ -29,6 +29,10 @@ RECORD = {k.path: k for k in RECORDS}
 HEALTH = {"healthy": "ok", "pending": "warn", "stale": "warn", "down": "bad", "cordoned": "off"}
 
 
+REVISIONS_SHOWN = 50
+"""A deployment's page lists its newest revisions (the API pages through all of them)."""
+
+
 def _pager(page: int, shown: int, total: int, size: int = PAGE_SIZE) -> dict[str, Any]:
     return {"page": page, "pages": max((total + size - 1) // size, 1), "total": total,
             "shown": shown}  # fmt: skip
@@ -142,7 +146,8 @@ def pages_router() -> APIRouter:
         with read_scope(request) as session:
             row = inventory.get(session, KINDS["deployments"], name)
             body = inventory.to_json(KINDS["deployments"], row)
-            revisions = records.revisions(session, name)["items"]
+            revisions = records.revisions(session, name, REVISIONS_SHOWN, newest_first=True)
+            revisions = revisions["items"][::-1]  # the template lists them newest first
             last = rollouts.latest(session, row.id)
             rollout = rollouts.view(last, row) if last is not None else None
             shadow = shadows.report(session, name) if shadows.shadow_of(row) else None

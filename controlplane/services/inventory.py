@@ -388,8 +388,12 @@ def _on_change(
     if isinstance(row, m.Deployment) and any(
         before.get(f) != after.get(f) for f in REVISION_FIELDS
     ):
-        previous, row.revision = row.revision, rollouts.next_revision(row)
-        row.revisions.append(m.DeploymentRevision(revision=row.revision, spec=revision_spec(row)))
+        previous, row.revision = row.revision, rollouts.next_revision(session, row)
+        session.add(  # not row.revisions.append: that loads every stored revision first
+            m.DeploymentRevision(
+                deployment_id=row.id, revision=row.revision, spec=revision_spec(row)
+            )
+        )
         rollouts.on_revision_change(session, row, previous, datetime.now(UTC))
     if isinstance(row, m.Deployment):  # its snapshot entry changed where it is served
         shadows.note_change(session, row, before, after)

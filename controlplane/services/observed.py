@@ -76,7 +76,8 @@ class DbSink:
         self._rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
         self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
         self._facts = FactBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
-        self._over_budget_logged: dict[str, datetime] = {}
+        self._heartbeats = FactBudget(self._bounds.heartbeats_per_s, self._bounds.heartbeats_burst)
+        self._over_budget_logged: dict[tuple[str, str], datetime] = {}
 
     @staticmethod
     def transient(exc: BaseException) -> bool:
@@ -89,26 +90,19 @@ class DbSink:
         self, cluster: str, state: ObservedState, received_at: datetime
     ) -> list[str]:
         """Returns the reasons of what was rejected (one per rejected part)."""
+        if not self._heartbeats.allows(cluster, received_at.timestamp()):
+            self._over_budget(cluster, "heartbeats", received_at)
+            return ["heartbeat_rate"]
         with _refused_by_the_database(state):
             reason, rejected = await asyncio.to_thread(self._observed, cluster, state, received_at)
+        self._heartbeats.spend(cluster)
         if reason:
             self._on_change(reason)
         return rejected
 
     async def record_fact(self, cluster: str, fact: Fact, received_at: datetime) -> list[str]:
         if not self._facts.allows(cluster, received_at.timestamp()):
-            last = self._over_budget_logged.get(cluster)
-            if last is None or received_at - last >= timedelta(minutes=1):
-                if len(self._over_budget_logged) >= FactBudget.MAX_CLUSTERS:
-                    self._over_budget_logged.clear()
-                self._over_budget_logged[cluster] = received_at
-                log.warning(
-                    "%s: sends facts faster than %g/s (burst %g): dropping them until it "
-                    "slows (counted as fact_rate); its heartbeats still count",
-                    cluster,
-                    self._bounds.facts_per_s,
-                    self._bounds.facts_burst,
-                )
+            self._over_budget(cluster, "facts", received_at)
             return ["fact_rate"]
         with _refused_by_the_database(fact):
             reason, rejected = await asyncio.to_thread(
@@ -118,6 +112,29 @@ class DbSink:
         if reason:
             self._on_change(reason)
         return rejected
+
+    def _over_budget(self, cluster: str, what: str, at: datetime) -> None:
+        """Log, once a minute per cluster and kind, that its reports are being dropped."""
+        last = self._over_budget_logged.get((cluster, what))
+        if last is not None and at - last < timedelta(minutes=1):
+            return
+        if len(self._over_budget_logged) >= FactBudget.MAX_CLUSTERS:
+            self._over_budget_logged.clear()
+        self._over_budget_logged[(cluster, what)] = at
+        if what == "facts":
+            per_s, burst = self._bounds.facts_per_s, self._bounds.facts_burst
+            more = "counted as fact_rate; its heartbeats still count"
+        else:
+            per_s, burst = self._bounds.heartbeats_per_s, self._bounds.heartbeats_burst
+            more = "counted as heartbeat_rate; the newest recorded still counts"
+        log.warning(
+            "%s: sends %s faster than %g/s (burst %g): dropping them until it slows (%s)",
+            cluster,
+            what,
+            per_s,
+            burst,
+            more,
+        )
 
     def _reject(
         self, session: Session, cluster: Cluster, rejections: list[Rejection], at: datetime

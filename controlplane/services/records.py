@@ -174,11 +174,37 @@ def _named(session: Session, kind: RecordKind, ref: str) -> Any:
     return found[0] if found else None
 
 
-def revisions(session: Session, deployment_ref: str) -> dict[str, Any]:
-    """Every revision of a deployment, oldest first (one page: a revision is rare)."""
+def revisions(
+    session: Session,
+    deployment_ref: str,
+    limit: int = 100,
+    cursor: str | None = None,
+    newest_first: bool = False,
+) -> dict[str, Any]:
+    """A page of a deployment's revisions, oldest first (``newest_first``: the reverse); the
+    cursor names the last revision of the page before."""
     row = inventory.get(session, KINDS["deployments"], deployment_ref)
-    revs = sorted(row.revisions, key=lambda r: r.revision)
-    return {"items": [plain(r) for r in revs], "next_cursor": None}
+    rev = m.DeploymentRevision.revision
+    stmt = select(m.DeploymentRevision).where(m.DeploymentRevision.deployment_id == row.id)
+    if cursor:
+        after = _decode_revision(cursor)
+        stmt = stmt.where(rev < after if newest_first else rev > after)
+    stmt = stmt.order_by(rev.desc() if newest_first else rev)
+    revs = list(session.scalars(stmt.limit(limit + 1)))
+    next_cursor = None
+    if len(revs) > limit:
+        next_cursor = base64.urlsafe_b64encode(b"%d" % revs[limit - 1].revision).decode()
+    return {"items": [plain(r) for r in revs[:limit]], "next_cursor": next_cursor}
+
+
+def _decode_revision(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor.encode()).decode()
+        if len(text) <= 10 and text.isascii() and text.isdigit():
+            return int(text)
+    except ValueError:
+        pass
+    raise BadRequest("cursor is not valid; pass next_cursor from the previous page")
 
 
 def models_by_cluster(session: Session) -> dict[str, list[str]]:

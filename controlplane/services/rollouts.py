@@ -88,10 +88,16 @@ def latest(session: Session, deployment_id: str, for_update: bool = False) -> m.
     return session.scalars(stmt.with_for_update() if for_update else stmt).first()
 
 
-def next_revision(deployment: m.Deployment) -> int:
+def next_revision(session: Session, deployment: m.Deployment) -> int:
     """A number no revision of the deployment had: a rollback sets `revision` back to the
-    stable one, so the next change must not take the rolled-back revision's number again."""
-    return max([deployment.revision, *(r.revision for r in deployment.revisions)]) + 1
+    stable one, so the next change must not take the rolled-back revision's number again.
+    Asked of the database: loading every stored revision made each change slower."""
+    most = session.scalar(
+        select(func.max(m.DeploymentRevision.revision)).where(
+            m.DeploymentRevision.deployment_id == deployment.id
+        )
+    )
+    return max(deployment.revision, most or 0) + 1
 
 
 # start and supersede -----------------------------------------------------------------------
@@ -288,17 +294,22 @@ def apply(
     if new.done:
         row.finished_at = now
         if new.phase is canary.Phase.ROLLED_BACK:
-            _restore_stable(deployment, row)
+            _restore_stable(session, deployment, row)
     kind = "RolloutResumed" if old.phase is canary.Phase.PAUSED and not new.done else None
     _event(session, deployment, row, kind or EVENT_TYPES[new.phase], new.reason)
     bump_desired(session, clusters_serving(session, [deployment.id]))
     return True
 
 
-def _restore_stable(deployment: m.Deployment, row: m.Rollout) -> None:
+def _restore_stable(session: Session, deployment: m.Deployment, row: m.Rollout) -> None:
     """Rolled back: the deployment's revision fields are the stable revision's again, at its
     number, so that the stable replicas everywhere stay as they are."""
-    stored = next((r for r in deployment.revisions if r.revision == row.from_revision), None)
+    stored = session.scalars(
+        select(m.DeploymentRevision).where(
+            m.DeploymentRevision.deployment_id == deployment.id,
+            m.DeploymentRevision.revision == row.from_revision,
+        )
+    ).first()
     if stored is None:
         return
     for field in REVISION_FIELDS:

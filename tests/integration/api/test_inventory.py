@@ -372,3 +372,24 @@ def test_a_cluster_endpoint_is_a_base_url_only(admin, endpoint):
     assert answer.status_code == 422, answer.text
     assert "base URL only" in answer.json()["errors"][0]["message"]
     assert admin.patch("clusters/use1-a", {"endpoint": "http://10.0.0.5:8100"}).status_code == 200
+
+
+def test_revisions_come_in_pages_and_the_next_number_is_never_reused(operator, admin):
+    """Every revision came in one answer (each holds up to 32 KiB of engine_args), and each
+    change loaded all of them to number the next."""
+    b.seed(admin)
+    assert operator.post("deployments", b.deployment()).status_code == 201
+    for i in range(2, 8):
+        changed = operator.patch("deployments/chat-llm", {"model_revision": f"v{i}"})
+        assert changed.json()["status"]["revision"] == i
+    seen, cursor = [], None
+    while True:
+        page = operator.get("deployments/chat-llm/revisions", limit=3, **(
+            {"cursor": cursor} if cursor else {})).json()  # fmt: skip
+        seen += [r["revision"] for r in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [1, 2, 3, 4, 5, 6, 7]
+    forged = operator.get("deployments/chat-llm/revisions", cursor="bm90IGEgbnVtYmVy")
+    assert forged.status_code == 400 and "cursor is not valid" in forged.json()["detail"]

@@ -19,6 +19,8 @@ from controlplane.contracts import (
 from tests.integration.bus.conftest import Bus, eventually
 from workloadplane.bus import AgentBus
 
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
 
 def _heartbeat(replicas: int) -> ObservedState:
     return ObservedState(

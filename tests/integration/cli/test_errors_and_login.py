@@ -86,7 +86,8 @@ def test_unreachable_control_plane(tmp_path: Path) -> None:
     result = Cli(url, "gpf_x", tmp_path / "config.yaml")("get", "pools")
     assert result.exit_code == 1
     assert _one_line(result.output).startswith(
-        f"error: cannot reach the control plane at {url}; is `gpufleet up` running?"
+        f"error: cannot reach the control plane at {url} (connection refused); is `gpufleet "
+        "up` running?"
     )
     diff = Cli(url, "gpf_x", tmp_path / "config.yaml")("diff", "-f", "-", input=FLEET)
     assert diff.exit_code == 2

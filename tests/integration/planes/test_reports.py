@@ -133,6 +133,27 @@ async def test_a_plane_flooding_facts_is_held_to_its_budget_and_its_heartbeats_s
     assert admin.get("clusters/use1-a").json()["status"]["state"] == "healthy"
 
 
+async def test_a_plane_looping_on_heartbeats_is_held_to_its_budget(admin, session_factory):
+    """Each heartbeat was a database transaction in the one consumer all planes share: a
+    plane publishing them in a loop delayed every other plane's reports."""
+    from controlplane.trust import Bounds
+
+    b.seed(admin)
+    sink = DbSink(session_factory, bounds=Bounds(heartbeats_per_s=1.0, heartbeats_burst=3.0))
+    at = datetime.now(UTC)
+
+    def beat(version: str) -> ObservedState:
+        return ObservedState(cluster="use1-a", source="cluster/use1-a", agent_version=version)
+
+    verdicts = [await sink.record_observed("use1-a", beat(f"v{i}"), at) for i in range(8)]
+    assert verdicts == [[]] * 3 + [["heartbeat_rate"]] * 5
+    assert admin.get("clusters/use1-a").json()["status"]["agent_version"] == "v2"
+    later = at + timedelta(seconds=1)
+    assert await sink.record_observed("use1-a", beat("v9"), later) == []  # a second later
+    status = admin.get("clusters/use1-a").json()["status"]
+    assert status["agent_version"] == "v9" and status["state"] == "healthy"
+
+
 async def test_a_fact_dated_before_year_one_is_kept_and_every_read_of_events_still_works(
     admin, session_factory
 ):

@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.cli.client import problem_line
 from controlplane.cli.config import load_context, save_context, token_prefix
-from controlplane.cli.manifests import resolve_kind
+from controlplane.cli.manifests import CliError, resolve_kind
 from controlplane.cli.render import View, age, formatted, table
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -157,3 +157,101 @@ def test_odd_settings_and_a_server_that_is_not_the_api_are_one_line_not_a_traceb
     client._http = httpx.Client(base_url="http://127.0.0.1:9/api/v1", transport=other)
     with pytest.raises(CliError, match="page without items"):
         client.list("pools")
+
+
+def _answering(handler) -> tuple[object, list[httpx.Request]]:
+    """A Client whose requests go to ``handler``, and the requests it got."""
+    from controlplane.cli.client import Client
+    from controlplane.cli.config import Context
+
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    client = Client(Context("http://127.0.0.1:9", "gpf_token", "test"))
+    client._http = httpx.Client(
+        base_url="http://127.0.0.1:9/api/v1", transport=httpx.MockTransport(record)
+    )
+    return client, seen
+
+
+@pytest.mark.parametrize(
+    "name", ["old/../../deployments/chat-llm", "chat-llm?force=true", "gpu-a#2", ".."]
+)
+def test_a_name_is_one_path_segment_and_never_names_another_object(name: str) -> None:
+    """A name was put into the URL as it was: `delete pool 'old/../../deployments/chat-llm'`
+    deleted the deployment, `chat-llm?force=true` got round --force."""
+    client, seen = _answering(lambda r: httpx.Response(204))
+    client.delete("pools", name)  # type: ignore[attr-defined]
+    [request] = seen
+    path = request.url.raw_path.decode()
+    assert path.startswith("/api/v1/pools/") and path.count("/") == 4
+    assert "?" not in path and "#" not in path and "/deployments" not in path
+    assert request.url.params.get("force") is None
+
+
+def test_a_redirect_is_an_error_saying_nothing_was_done() -> None:
+    """A 301 from an ingress was taken for success: "deleted", exit 0, nothing deleted."""
+    from controlplane.cli.client import ApiError
+
+    client, _ = _answering(
+        lambda r: httpx.Response(308, headers={"location": "https://cp.example/api/v1/pools/a"})
+    )
+    with pytest.raises(ApiError, match=r"redirect to https://cp\.example.*nothing was done"):
+        client.delete("pools", "a")  # type: ignore[attr-defined]
+
+
+def test_a_refused_token_from_the_environment_says_to_fix_the_environment(monkeypatch) -> None:
+    from controlplane.cli.client import ApiError, Client
+    from controlplane.cli.config import Context
+
+    for source, says in (("GPUFLEET_TOKEN", "unset it"), ("~/.config", "gpufleet login --url")):
+        client = Client(Context("http://127.0.0.1:9", "gpf_old", source))
+        client._http = httpx.Client(
+            base_url="http://127.0.0.1:9/api/v1",
+            transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"detail": "no"})),
+        )
+        with pytest.raises(ApiError) as refused:
+            client.get("/pools")
+        assert says in refused.value.message and "--token" not in refused.value.message
+
+
+def test_a_name_that_is_not_utf8_is_one_line() -> None:
+    client, seen = _answering(lambda r: httpx.Response(200, json={}))
+    with pytest.raises(CliError, match="not valid UTF-8"):
+        client.find("pools", "a\udcff")  # type: ignore[attr-defined]
+    assert seen == []
+
+
+def test_a_bad_proxy_or_certificate_setting_is_one_line(monkeypatch) -> None:
+    from controlplane.cli.client import Client
+    from controlplane.cli.config import Context
+
+    monkeypatch.setenv("SSL_CERT_FILE", "/nonexistent/ca.pem")
+    with pytest.raises(CliError, match="SSL_CERT_FILE"):
+        Client(Context("https://127.0.0.1:9", "gpf_token", "test"))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:hun/ter2@127.0.0.1:9",
+        "http://admin:p?ss#w@127.0.0.1:9/api",
+        "nats://u:a@b@127.0.0.1:4222,nats://u:x/y@127.0.0.2:4222",
+    ],
+)
+def test_userinfo_is_never_shown_whatever_the_password_holds(url: str) -> None:
+    from controlplane.contracts import strip_userinfo
+
+    shown = strip_userinfo(url)
+    assert all(secret not in shown for secret in ("hun", "ter2", "p?ss", "w@", "a@b", "x/y"))
+    assert "127.0.0.1" in shown
+
+
+def test_an_unreadable_config_file_is_one_line(config: Path) -> None:
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_bytes(b"url: http://h\ntoken: \xff\xfe\n")
+    with pytest.raises(CliError, match="not UTF-8"):
+        load_context()

@@ -283,3 +283,35 @@ def test_an_invalid_spec_names_the_first_errors_and_counts_the_rest() -> None:
         load_manifests_from([pool(**{f"k{i}": 0 for i in range(1000)})])
     assert exc.value.message.count("unknown field") == 20
     assert exc.value.message.endswith("and 980 more (fix these first)")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"kind: GpuType\nname: caf\xe9\n", "not UTF-8 text"),  # latin-1
+        (b"\x7fELF\x02\x01\x01\x00\xff\xfe", "not UTF-8 text"),  # a binary
+        (b"kind: GpuType\nname: a\x01b\n", "not valid YAML"),  # a control character
+    ],
+    ids=["latin-1", "binary", "control-character"],
+)
+def test_a_file_that_is_not_yaml_text_is_one_line_with_exit_2(
+    tmp_path, content: bytes, says: str
+) -> None:
+    """These were a traceback and exit 1 (which `diff` documents as "a difference")."""
+    from controlplane.cli.resources import _read
+
+    path = tmp_path / "fleet.yaml"
+    path.write_bytes(content)
+    with pytest.raises(CliError) as refused:
+        _read(str(path))
+    assert says in refused.value.message and refused.value.exit_code == 2
+
+
+def test_a_closed_stdin_is_one_line(monkeypatch) -> None:
+    import sys
+
+    from controlplane.cli.resources import _read
+
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(CliError, match="stdin is closed"):
+        _read("-")
