@@ -416,8 +416,7 @@ async def _fetch(backend: Backend, timeout: float) -> str | None:
         resp = await backend.pool.request(
             "GET", "/metrics", head_timeout=timeout, connect_timeout=timeout
         )
-        body = await asyncio.wait_for(resp.read(), timeout)
-        resp.release()
+        body = await resp.read_within(timeout)  # a stalled body closes its connection
     except (UpstreamError, TimeoutError):
         return None
     return body.decode(errors="replace") if resp.status == 200 else None

@@ -52,15 +52,19 @@ class PlaneFollower:
         self._again: set[str] = set()
         self.generation: int | None = None
         """The desired generation the router follows (None before any snapshot)."""
+        self.version: tuple[int, int] | None = None
+        """... and its (epoch, generation)."""
 
     def poll(self) -> None:
         """Read what changed since the last poll (and what changed the poll before)."""
         if self._changed("desired", self._desired_files):
             state = self._store.load()
-            if state is not None and state.generation != self.generation:
-                self.generation = state.generation
+            # the version, not the generation: a new epoch (a control plane restored
+            # behind the plane) may issue the generation this router already follows
+            if state is not None and state.version != self.version:
+                self.generation, self.version = state.generation, state.version
                 self.router.set_deployments(state.deployments)
-                log.info("following desired generation %s", state.generation)
+                log.info("following desired state %s", state.version)
         if self._changed("replicas", self._replica_files):
             self.router.set_replicas(read_replicas(self._runtime))
 

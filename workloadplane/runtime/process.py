@@ -67,6 +67,9 @@ class _Replica:
     """A rollout lane's replica: the model name it answers (its deployment's)."""
     state: ReplicaState = "starting"
     pid: int | None = None
+    identity: str | None = None
+    """The process's boot id and start time (``process_identity``): a pid alone may be
+    another process after a reboot or in a new pid namespace."""
     proc: asyncio.subprocess.Process | None = None
     started_at: datetime = field(default_factory=utcnow)
     ready_at: float | None = None
@@ -119,6 +122,7 @@ class ProcessRuntime:
         self._failures: dict[str, int] = {}
         self._seq = 0
         self._adopted = False
+        self._save_failed = False
         self._client = httpx.AsyncClient(timeout=self.config.health_timeout_s)
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -138,18 +142,18 @@ class ProcessRuntime:
     ) -> ReplicaStatus:
         self._adopt()
         gpus = self.gpus.allocate(spec.gpus_per_replica)
-        self._seq += 1
-        replica_id = f"{deployment}-{spec.revision}-{os.getpid()}-{self._seq}"
-        used = {r.port for r in self._replicas.values()}
-        port = free_port(self.config.host)
-        while port in used:
+        try:  # a port that cannot be had (EMFILE), or one that cannot be listed: not kept
+            self._seq += 1
+            replica_id = f"{deployment}-{spec.revision}-{os.getpid()}-{self._seq}"
+            used = {r.port for r in self._replicas.values()}
             port = free_port(self.config.host)
-        replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
-        replica.serves = serves
-        try:  # one that cannot be listed must not be recorded: every listing would fail
-            replica.status(self.config.host)
-        except ValueError:
-            self.gpus.release(gpus)
+            while port in used:
+                port = free_port(self.config.host)
+            replica = _Replica(replica_id, deployment, spec, port, gpus, pool, instance)
+            replica.serves = serves
+            replica.status(self.config.host)  # every listing would fail on one that cannot
+        except BaseException:
+            self.gpus.release(gpus)  # or every retry took more, until none were left
             raise
         self._replicas[replica_id] = replica
         replica.task = asyncio.create_task(self._run(replica), name=f"replica-{replica_id}")
@@ -170,8 +174,12 @@ class ProcessRuntime:
             return
         if replica.task is not None and replica.task is not asyncio.current_task():
             replica.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await replica.task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # its failure was logged; it must not keep the replica for good
+                log.exception("replica %s supervision had failed", replica_id)
         await self._terminate(replica)
         self._replicas.pop(replica_id, None)
         self.gpus.release(replica.gpus)
@@ -249,6 +257,7 @@ class ProcessRuntime:
             replica.spec.engine_args,
         )
         full_env = {**_engine_environ(), **env, **self.gpus.env(replica.gpus)}
+        _prune_logs(self.state_dir / "logs")
         logfile = open(self.state_dir / "logs" / f"{replica.replica_id}.log", "ab")  # noqa: SIM115
         try:
             replica.proc = await asyncio.create_subprocess_exec(
@@ -262,6 +271,7 @@ class ProcessRuntime:
         finally:
             logfile.close()
         replica.pid = replica.proc.pid
+        replica.identity = process_identity(replica.pid)
         log.info(
             "replica %s launched (pid %s, port %s)", replica.replica_id, replica.pid, replica.port
         )
@@ -382,6 +392,7 @@ class ProcessRuntime:
                 "port": r.port,
                 "gpus": r.gpus,
                 "pid": r.pid,
+                "identity": r.identity,
                 "state": r.state,
                 "endpoint": r.status(self.config.host).endpoint,
                 "started_at": r.started_at.isoformat(),
@@ -392,8 +403,22 @@ class ProcessRuntime:
             if r.state != "failed"
         ]
         tmp = self._record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rows))
-        tmp.replace(self._record)
+        try:
+            tmp.write_text(json.dumps(rows))
+            tmp.replace(self._record)
+        except OSError as exc:  # a full or read-only disk: supervision goes on in memory
+            if not self._save_failed:
+                log.error(
+                    "cannot record the replicas in %s (%s): the router and a restarted "
+                    "agent see the last record until it can be written again",
+                    self._record,
+                    exc,
+                )
+            self._save_failed = True
+            return
+        if self._save_failed:
+            log.info("replicas recorded in %s again", self._record)
+            self._save_failed = False
 
     def _adopt(self) -> None:
         """Take over replicas a previous agent process started and that still run."""
@@ -417,6 +442,15 @@ class ProcessRuntime:
         pid = row.get("pid")
         if not pid or not _alive(pid) or row["replica_id"] in self._replicas:
             return
+        recorded = row.get("identity")
+        if recorded is not None and process_identity(pid) != recorded:
+            log.warning(
+                "replica %s: pid %s is another process now (a reboot or a new pid "
+                "namespace): not taken over, never signalled",
+                row["replica_id"],
+                pid,
+            )
+            return
         replica = _Replica(
             row["replica_id"],
             row["deployment"],
@@ -427,6 +461,7 @@ class ProcessRuntime:
             row.get("instance"),
             serves=str(row.get("serves") or ""),
             pid=pid,
+            identity=recorded,
             started_at=datetime.fromisoformat(row["started_at"]),
             # a replica recorded ready stays routable while it is checked again: the
             # router (its own process) must not stop sending to it because an agent
@@ -488,6 +523,31 @@ def read_replicas(runtime_dir: Path) -> list[ReplicaStatus]:
             )
         )
     return out
+
+
+MAX_ENGINE_LOGS = 64
+"""Engine log files kept in ``STATE_DIR/logs`` (the newest): a crash loop made one a try."""
+
+
+def _prune_logs(logs: Path) -> None:
+    try:
+        files = sorted(logs.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        for old in files[: max(len(files) - MAX_ENGINE_LOGS + 1, 0)]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot prune engine logs in %s: %s", logs, exc)
+
+
+def process_identity(pid: int) -> str | None:
+    """``pid``'s boot id and start time (Linux: /proc), or None where they cannot be read:
+    together they name one process, where a pid names whatever has it now."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command may hold spaces and parentheses
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None
 
 
 def _alive(pid: int) -> bool:

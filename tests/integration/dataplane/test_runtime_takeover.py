@@ -95,3 +95,86 @@ async def test_an_engine_does_not_get_the_agents_credentials(
         assert b"GPUFLEET_VIRTUAL_GPUS=" in environ  # what the runtime gives it still
     finally:
         await runtime.close()
+
+
+async def test_a_pid_that_is_another_process_now_is_never_taken_over(tmp_path: Path):
+    """After a reboot (or in a new pid namespace) a recorded pid may be another process:
+    it was taken over as the replica, failed its health checks and had its process group
+    killed. A recorded replica whose process identity differs is left alone."""
+    import subprocess
+    import sys
+
+    first = ProcessRuntime(enginesim_template(), tmp_path, config=CONFIG)
+    started = await first.start("chat", make_sim_deployment().spec)
+    await until(lambda: first.state(started.replica_id) == "ready", "ready", 30)
+    await first.stop(started.replica_id)
+    await first.close()
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        record = tmp_path / "replicas.json"
+        row = {
+            "replica_id": started.replica_id, "deployment": "chat",
+            "spec": make_sim_deployment().spec.model_dump(), "port": 1, "gpus": [],
+            "pid": bystander.pid, "identity": "another-boot:1", "state": "ready",
+            "started_at": "2026-12-07T00:00:00+00:00",
+        }  # fmt: skip
+        record.write_text(json.dumps([row]))
+        second = ProcessRuntime(enginesim_template(), tmp_path, config=CONFIG)
+        try:
+            assert await second.list_replicas() == []
+        finally:
+            await second.close()
+        assert bystander.poll() is None  # never signalled
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_a_state_dir_that_cannot_be_written_does_not_wedge_the_replicas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A full disk made recording the replica's "ready" raise: the healthy engine was
+    killed as failed, and every later stop re-raised, so its GPUs were never released."""
+    runtime = ProcessRuntime(enginesim_template(), tmp_path, config=CONFIG)
+    real = Path.write_text
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        if self.name == "replicas.tmp":
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        started = await runtime.start("chat", make_sim_deployment().spec)
+        monkeypatch.setattr(Path, "write_text", full)
+        await until(lambda: runtime.state(started.replica_id) == "ready", "ready", 30)
+        await runtime.stop(started.replica_id)
+        assert runtime.state(started.replica_id) is None
+        assert runtime.gpus.free == runtime.gpus.total
+        monkeypatch.undo()
+        again = await runtime.start("chat", make_sim_deployment().spec)  # disk back
+        rows = json.loads((tmp_path / "replicas.json").read_text())
+        assert [r["replica_id"] for r in rows] == [again.replica_id]
+    finally:
+        await runtime.close()
+
+
+async def test_gpus_are_given_back_when_a_start_fails_after_taking_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A port that could not be had (EMFILE) leaked the GPUs taken just before, one
+    allocation a retry, until none were left."""
+    runtime = ProcessRuntime(enginesim_template(), tmp_path, config=CONFIG)
+
+    def no_port(host: str) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("workloadplane.runtime.process.free_port", no_port)
+    try:
+        for _ in range(3):
+            with pytest.raises(OSError, match="Too many open files"):
+                await runtime.start("chat", make_sim_deployment().spec)
+        assert runtime.gpus.free == runtime.gpus.total
+    finally:
+        await runtime.close()

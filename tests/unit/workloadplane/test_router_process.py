@@ -75,6 +75,21 @@ def test_a_snapshot_written_during_a_read_is_read_again(tmp_path: Path):
     assert follower.generation == 2 and {m for m, _ in router.model_ids()} == {"chat", "code"}
 
 
+def test_a_new_epoch_at_the_same_generation_reaches_the_router(tmp_path: Path):
+    """A control plane restored behind the plane starts a new epoch at the generation the
+    plane holds: the agent applied it, the router's follower compared generations only and
+    kept serving the old deployments."""
+    router = Router()
+    follower = PlaneFollower(router, tmp_path)
+    store = DesiredStateStore(tmp_path, fsync=False)
+    store.save(make_desired(5, make_deployment("chat")))
+    follower.poll()
+    fresh = make_desired(5, make_deployment("code")).model_copy(update={"epoch": 1})
+    store.save(fresh)
+    follower.poll()
+    assert follower.version == (1, 5) and {m for m, _ in router.model_ids()} == {"code"}
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
