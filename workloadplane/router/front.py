@@ -204,6 +204,12 @@ async def relay(
     if stream:  # the head goes out now; else it leaves with the body, in one write
         await send(FLUSH)
         gone = client.gone()
+
+    def client_left(_: object) -> None:  # a replica that stalls sends no chunk to look after
+        resp.cut("the client went away")
+
+    if gone is not None:
+        gone.add_done_callback(client_left)
     r = Relayed()
     try:
         async for chunk in resp.body():
@@ -220,6 +226,8 @@ async def relay(
                 raise ClientGoneError
         r.complete = True
     except UpstreamError as exc:
+        if gone is not None and gone.done():
+            raise ClientGoneError from exc
         log.warning("%s: the stream broke after the first byte: %s", what, exc)
         if stream:  # no [DONE]: the client must not take a cut stream for a whole one
             await send_stream_error(
@@ -231,6 +239,8 @@ async def relay(
         else:  # its head (and content-length) may be out: only closing tells the client
             raise errors.ResponseCut(f"{what}: the answer broke after it began ({exc})") from exc
     finally:
+        if gone is not None:
+            gone.remove_done_callback(client_left)
         resp.release()
         if stream:
             client.close()

@@ -229,6 +229,51 @@ async def test_a_client_that_hangs_up_while_a_replica_works_frees_its_slot_and_i
         router.close()
 
 
+def stalling_stream_replica(seen: list[str]):
+    """A replica that answers a stream's head and first event, then sends nothing more
+    (a generation stalled; its /health still answers), until the router hangs up."""
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        seen.append("request")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b'data: {"x": 1}\n\n',
+                    "more_body": True})  # fmt: skip
+        seen.append((await receive())["type"])
+
+    return app
+
+
+async def test_a_client_that_leaves_a_stalled_stream_frees_its_slot():
+    """After a stream's head the client's departure was looked at only when a chunk came: a
+    replica that stalled (its /health fine) kept the request in flight for good, its slot
+    and the autoscaler's load with it."""
+    seen: list[str] = []
+    replica, front = HttpServer(stalling_stream_replica(seen)), None
+    port = free_port()
+    await replica.start("127.0.0.1", port)
+    router, dispatcher, metrics = plane([f"http://127.0.0.1:{port}"], queue_max_wait_s=30)
+    try:
+        front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
+        await front.start("127.0.0.1", front_port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", front_port)
+        body = b'{"model": "chat", "prompt": "hi", "stream": true}'
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        await asyncio.wait_for(reader.readuntil(b"data: "), 5)  # the first event came
+        assert router.load("chat") == (1, 0)
+        writer.close()  # the client leaves; the replica sends nothing more
+        await until(lambda: router.load("chat") == (0, 0), "the slot freed")
+        await until(lambda: seen == ["request", "http.disconnect"], "the replica told")
+        assert not router.backends["r0"].health.ejected
+    finally:
+        if front is not None:
+            await front.close(grace_s=1)
+        await replica.close(grace_s=1)
+        router.close()
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 50.0
