@@ -67,7 +67,7 @@ from workloadplane.reconcile import (
 from workloadplane.router.core import Router
 from workloadplane.runtime.base import GpuInventory, Runtime
 from workloadplane.runtime.gpus import InsufficientGpusError
-from workloadplane.state import DesiredStateStore, should_apply
+from workloadplane.state import DesiredStateStore, save_kept, should_apply
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,7 @@ class Agent:
         self.applied_epoch = 0
         """The epoch of ``applied_generation`` (acknowledged and reported with it)."""
         self.kept: dict[str, Kept] = {}
+        self._kept_saved = False
         """Deployments a snapshot dropped that are still served (their grace period)."""
         self.last_traffic: dict[str, datetime] = {}
         """When each served deployment last had a request in flight or queued here."""
@@ -327,6 +328,10 @@ class Agent:
             log.info(
                 "deployment %s: disappearance grace over (or placed/retired); letting go", name
             )
+        if kept != self.kept or not self._kept_saved:  # the first: a file from before goes
+            # the router in a process of its own reads the snapshot, not this memory
+            save_kept(self.store.state_dir, [k.deployment for _, k in sorted(kept.items())])
+            self._kept_saved = True
         self.kept = kept
         effective = with_kept(desired, kept)
         self._served = list(effective.deployments)

@@ -19,13 +19,20 @@ loss. A ``desired-state.json`` left by an older agent is read too.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import zlib
 from pathlib import Path
 from typing import IO
 
-from controlplane.contracts import DesiredState, RejectedMessageError, decode_desired, encode
+from controlplane.contracts import (
+    DeploymentDesired,
+    DesiredState,
+    RejectedMessageError,
+    decode_desired,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,35 @@ def should_apply(current: DesiredState | None, incoming: DesiredState, cluster: 
     if incoming.cluster != cluster:
         return False
     return current is None or incoming.version > current.version
+
+
+KEPT_FILE = "kept-deployments.json"
+"""The deployments the agent keeps through their disappearance grace (JSON list of
+``DeploymentDesired``), for the router in a process of its own (``router.follower``)."""
+
+
+def save_kept(state_dir: Path, deployments: list[DeploymentDesired]) -> None:
+    """Write the kept deployments (temporary file + rename: never read half-written);
+    best effort: the router then routes as the snapshot says."""
+    path = Path(state_dir) / KEPT_FILE
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(
+            frame(json.dumps([d.model_dump(mode="json") for d in deployments]).encode())
+        )
+        tmp.replace(path)
+    except OSError as exc:
+        log.error("cannot write %s: %s", path, exc)
+
+
+def load_kept(state_dir: Path) -> list[DeploymentDesired]:
+    """What ``save_kept`` wrote (none if nothing, torn or unreadable)."""
+    try:
+        payload = unframe((Path(state_dir) / KEPT_FILE).read_bytes())
+        rows = json.loads(payload) if payload is not None else []
+        return [DeploymentDesired.model_validate(r) for r in rows]
+    except (OSError, ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return []
 
 
 class DesiredStateStore:

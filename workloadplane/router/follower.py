@@ -16,9 +16,10 @@ import logging
 import os
 from pathlib import Path
 
+from controlplane.contracts import DeploymentDesired
 from workloadplane.router.core import Router
 from workloadplane.runtime.process import read_replicas
-from workloadplane.state import SLOT_FILES, STATE_FILE, DesiredStateStore
+from workloadplane.state import KEPT_FILE, SLOT_FILES, STATE_FILE, DesiredStateStore, load_kept
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class PlaneFollower:
         self.interval_s = interval_s
         self._runtime = self.state_dir / "runtime"
         self._replica_files = [self._runtime / "replicas.json"]
-        self._desired_files = [self.state_dir / n for n in (*SLOT_FILES, STATE_FILE)]
+        self._desired_files = [self.state_dir / n for n in (*SLOT_FILES, STATE_FILE, KEPT_FILE)]
         self._store = DesiredStateStore(self.state_dir, fsync=False)  # read only: load()
         self._stamps: dict[str, Stamp] = {}
         self._again: set[str] = set()
@@ -54,17 +55,23 @@ class PlaneFollower:
         """The desired generation the router follows (None before any snapshot)."""
         self.version: tuple[int, int] | None = None
         """... and its (epoch, generation)."""
+        self.kept: list[DeploymentDesired] = []
+        """Deployments the agent keeps through their disappearance grace (``KEPT_FILE``)."""
 
     def poll(self) -> None:
         """Read what changed since the last poll (and what changed the poll before)."""
         if self._changed("desired", self._desired_files):
             state = self._store.load()
+            kept = load_kept(self.state_dir)
             # the version, not the generation: a new epoch (a control plane restored
-            # behind the plane) may issue the generation this router already follows
-            if state is not None and state.version != self.version:
-                self.generation, self.version = state.generation, state.version
-                self.router.set_deployments(state.deployments)
-                log.info("following desired state %s", state.version)
+            # behind the plane) may issue the generation this router already follows;
+            # and the deployments the agent keeps through their disappearance grace
+            if state is not None and (state.version, kept) != (self.version, self.kept):
+                self.generation, self.version, self.kept = state.generation, state.version, kept
+                names = {d.name for d in state.deployments}
+                extra = [d for d in kept if d.name not in names]
+                self.router.set_deployments([*state.deployments, *extra])
+                log.info("following desired state %s (%d kept)", state.version, len(extra))
         if self._changed("replicas", self._replica_files):
             self.router.set_replicas(read_replicas(self._runtime))
 

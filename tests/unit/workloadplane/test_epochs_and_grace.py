@@ -195,6 +195,35 @@ async def test_the_agent_keeps_a_busy_dropped_deployment_serving_reports_it_then
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_the_router_in_its_own_process_serves_a_kept_deployment_too(tmp_path: Path):
+    """The agent kept the deployment for its in-process router only: the router process
+    (``gpufleet up`` runs one) read the snapshot, failed the queued requests and answered
+    404 model_not_found for the whole grace period."""
+    from workloadplane.router.core import Router
+    from workloadplane.router.follower import PlaneFollower
+
+    runtime, clock, router = RecordingRuntime(), Clock(), BusyRouter({"chat"})
+    agent = Agent("a", runtime, DesiredStateStore(tmp_path, fsync=False), clock=clock)
+    agent.router = router  # type: ignore[assignment]  # (only its load is read here)
+    agent.bus = FactsBus()  # type: ignore[assignment]
+    process = Router()
+    follower = PlaneFollower(process, tmp_path)
+    await agent.on_desired(at(1, 0, make_deployment("chat", min_=2)))
+    await agent.reconcile_once()
+    runtime.make_ready()
+    await agent.on_desired(at(2, 0, make_deployment("code")))
+    await agent.reconcile_once()
+    follower.poll()
+    assert follower.version == (0, 2)
+    assert {m for m, _ in process.model_ids()} == {"chat", "code"}
+    clock.now = NOW + agent.disappearance_grace
+    await agent.reconcile_once()
+    follower.poll()
+    follower.poll()  # (a change is read twice, one poll apart)
+    assert {m for m, _ in process.model_ids()} == {"code"}
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_the_agent_acknowledges_the_new_epoch_with_a_lower_generation(tmp_path: Path):
     runtime = RecordingRuntime()
     agent = Agent("a", runtime, DesiredStateStore(tmp_path, fsync=False), clock=lambda: NOW)
