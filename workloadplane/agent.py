@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -152,6 +153,7 @@ class Agent:
         drain_lead: timedelta = DEFAULT_DRAIN_LEAD,
         disappearance_grace: timedelta = DEFAULT_DISAPPEARANCE_GRACE,
         gpus: GpuInventory | None = None,
+        steady: Callable[[], float] | None = None,
     ) -> None:
         if changes is not None and changes.router is not router:
             raise ValueError("changes must follow the agent's own router: ReplicaChanges(router)")
@@ -183,7 +185,7 @@ class Agent:
         self.wanted: dict[str, int] = {}
         """Replica counts the local autoscaler wants, per deployment (reconcile clamps them
         into the quota)."""
-        self.autoscaler = Autoscaler(router, clock) if router is not None else None
+        self.autoscaler = Autoscaler(router, clock, steady=steady) if router is not None else None
         """Runs with a router only: without one there is no load to scale on."""
         self.bus: AgentBus | None = None
         self._known: dict[str, ReplicaState] | None = None
@@ -651,6 +653,7 @@ async def run_agent(
         drain_lead=drain_lead,
         disappearance_grace=disappearance_grace,
         gpus=gpus,
+        steady=time.monotonic if clock is utcnow else None,  # an injected clock drives all
     )
     await serve(
         agent,

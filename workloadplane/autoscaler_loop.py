@@ -146,10 +146,18 @@ class Autoscaler:
     """Decisions per deployment, with the policy's state, the last decision and the events."""
 
     def __init__(
-        self, router: Router, clock: Callable[[], datetime], *, history: int = 200
+        self,
+        router: Router,
+        clock: Callable[[], datetime],
+        *,
+        history: int = 200,
+        steady: Callable[[], float] | None = None,
     ) -> None:
         self.router = router
         self.clock = clock
+        self.steady = steady
+        """The clock windows, delays and back-off are measured on (``time.monotonic`` in
+        the agent process); None: ``clock``'s timestamps (tests drive one clock)."""
         self.states: dict[str, State] = {}
         self.last: dict[str, Decision] = {}
         self.events: deque[ScaleEvent] = deque(maxlen=history)
@@ -269,7 +277,10 @@ class Autoscaler:
             self._load_unknown = False
             log.info("the router's load is known again: autoscaling resumes")
         previous = self.last.get(name)
-        decision, self.states[name] = decide(policy, self.states.get(name, State()), signals, now)
+        t = self.steady() if self.steady is not None else None
+        decision, self.states[name] = decide(
+            policy, self.states.get(name, State()), signals, now, t
+        )
         self.last[name] = decision
         if decision.confirm_in is not None:
             self.confirm[name] = decision.confirm_in

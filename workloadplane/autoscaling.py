@@ -185,11 +185,17 @@ class _Load:
     utilisation: int  # replicas the vllm gauges call for
 
 
-def decide(policy: Policy, state: State, signals: Signals, now: datetime) -> tuple[Decision, State]:
-    """Decide the replica count for one deployment at ``now`` (timezone-aware)."""
+def decide(
+    policy: Policy, state: State, signals: Signals, now: datetime, t: float | None = None
+) -> tuple[Decision, State]:
+    """Decide the replica count for one deployment at ``now`` (timezone-aware: schedule
+    rules are wall-clock). ``t``: the time in seconds the windows, delays and back-off are
+    measured in (a monotonic clock, so that a wall-clock step neither empties the windows
+    and scales an active deployment to zero, nor stretches a back-off); ``now``'s timestamp
+    when not given. One deployment's states must all use the same kind of ``t``."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(UTC)")
-    t = now.timestamp()
+    t = now.timestamp() if t is None else t
     state = _observe(policy, state, signals, t)
     ready = sum(1 for r in signals.replicas if r.phase == "ready")
     current = sum(1 for r in signals.replicas if r.phase in ("ready", "starting"))
@@ -225,7 +231,7 @@ def decide(policy: Policy, state: State, signals: Signals, now: datetime) -> tup
             reason=reason,
             panic=panic,
             failed_starts=state.failed_starts,
-            backoff_until=_as_datetime(state.backoff_until, now),
+            backoff_until=_as_datetime(state.backoff_until, t, now),
             confirm_in=policy.panic_confirm_after_seconds
             if load.unconfirmed and not panic
             else None,
@@ -353,5 +359,6 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def _as_datetime(t: float | None, like: datetime) -> datetime | None:
-    return None if t is None else datetime.fromtimestamp(t, tz=like.tzinfo)
+def _as_datetime(at: float | None, t: float, now: datetime) -> datetime | None:
+    """``at`` (on ``t``'s clock) as a wall-clock time: ``now`` plus how far ahead it is."""
+    return None if at is None else now + timedelta(seconds=at - t)

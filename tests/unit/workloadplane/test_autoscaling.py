@@ -250,6 +250,26 @@ def test_failed_start_backs_off_exponentially_and_is_reported() -> None:
     assert recovered.backoff_until is None
 
 
+@pytest.mark.parametrize("step", [timedelta(days=1), -timedelta(hours=6)], ids=["ahead", "back"])
+def test_a_wall_clock_step_neither_scales_to_zero_nor_stretches_a_back_off(step) -> None:
+    """Windows were measured on the wall clock: an NTP step or a resumed VM a day ahead
+    emptied them and scaled an active deployment to zero; a step back held stale samples and
+    stretched the back-off by the step. On a steady clock (``t``) the step changes nothing."""
+    policy = make_policy(min_replicas=0, scale_to_zero_idle_seconds=300.0,
+                         backoff_initial_seconds=10.0)  # fmt: skip
+    state = State()
+    for i in range(30):  # busy, then a second of nothing: a deployment with traffic
+        _, state = decide(policy, state, make_signals(4, ready=1), busy_end(i), t=1000.0 + i)
+    quiet, state = decide(policy, state, make_signals(0, ready=1), busy_end(30) + step, t=1030.0)
+    assert quiet.desired_replicas == 1 and quiet.action != ScaleAction.SCALE_DOWN
+    failed, state = decide(
+        policy, state, make_signals(30, ready=1, start_failures=1), busy_end(31) + step, t=1031.0
+    )
+    assert failed.backoff_until == busy_end(41) + step  # 10 s from the decision, whatever
+    retry, _ = decide(policy, state, make_signals(30, ready=1), busy_end(41) + step, t=1041.0)
+    assert retry.action == ScaleAction.SCALE_UP
+
+
 def test_demand_beyond_max_is_reported() -> None:
     policy = make_policy(max_replicas=3)
     decision, _ = decide(policy, State(), make_signals(80, ready=3), MONDAY_0900)
