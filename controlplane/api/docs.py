@@ -19,7 +19,9 @@ def docs_router() -> APIRouter:
             swagger_js_url="/vendor/swagger-ui-bundle.js",
             swagger_css_url="/vendor/swagger-ui.css",
             swagger_favicon_url="/vendor/favicon-32x32.png",
-            swagger_ui_parameters={"persistAuthorization": True},
+            # not persisted: swagger-ui keeps an authorised token in localStorage, in clear,
+            # past the dashboard's logout (its HttpOnly cookie exists to avoid exactly that)
+            swagger_ui_parameters={"persistAuthorization": False},
         )
 
     return router

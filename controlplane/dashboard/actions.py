@@ -21,10 +21,18 @@ from controlplane.dashboard.session import (
     check_write,
     end_session,
     integer,
+    is_own_origin,
     read_form,
     set_session,
 )
-from controlplane.dashboard.web import GATEWAY_TARGET, TEMPLATES, render, signed_in, started
+from controlplane.dashboard.web import (
+    GATEWAY_TARGET,
+    TEMPLATES,
+    render,
+    secure_headers,
+    signed_in,
+    started,
+)
 from controlplane.errors import BadRequest, ControlPlaneError, Forbidden, StaleGeneration
 from controlplane.services import fleet_view, inventory, records, tokens, what_if
 from controlplane.services import placement as placement_svc
@@ -41,7 +49,9 @@ PROMPT_MAX = 8000
 
 
 def _fragment(request: Request, template: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
-    return TEMPLATES.TemplateResponse(request, template, ctx, status_code=status_code)
+    response = TEMPLATES.TemplateResponse(request, template, ctx, status_code=status_code)
+    secure_headers(response)  # a new token's one-time secret comes in one: never cached
+    return response
 
 
 def _problem(request: Request, error: ControlPlaneError) -> HTMLResponse:
@@ -66,7 +76,7 @@ def actions_router() -> APIRouter:
     async def login(request: Request) -> Response:
         form = await read_form(request)
         origin = request.headers.get("origin")
-        if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+        if origin and not is_own_origin(request, origin):
             raise Forbidden(f"a login from another origin ({origin}) is refused")
         token = form.get("token", "").strip()[:200]
         target = _safe_next(form.get("next"))

@@ -54,6 +54,16 @@ def can(principal: Principal, role: Role) -> bool:
     return RANK[principal.role] >= RANK[role]
 
 
+def is_own_origin(request: Request, origin: str) -> bool:
+    """``origin`` is this dashboard's: its own scheme, or ``https`` when a proxy in front
+    says so (``X-Forwarded-Proto``: a cross-site form cannot set that header), same host."""
+    netloc = request.url.netloc
+    schemes = {request.url.scheme}
+    if request.headers.get("x-forwarded-proto") == "https":
+        schemes.add("https")
+    return origin in {f"{scheme}://{netloc}" for scheme in schemes}
+
+
 def set_session(response: Response, request: Request, token: str) -> None:
     response.set_cookie(
         COOKIE,
@@ -89,7 +99,7 @@ def check_write(request: Request, principal: Principal, role: Role, sent: str | 
     if not sent or not hmac.compare_digest(sent.encode(), csrf_for(token).encode()):
         raise Forbidden("the form's CSRF value is missing or stale; reload the page and retry")
     origin = request.headers.get("origin")
-    if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+    if origin and not is_own_origin(request, origin):
         raise Forbidden(f"a write from another origin ({origin}) is refused")
     if not can(principal, role):
         raise Forbidden(

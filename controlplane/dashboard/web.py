@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -53,7 +54,7 @@ def to_login(request: Request, _: Exception) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     if request.headers.get("hx-request"):
         return Response(status_code=401, headers={"HX-Redirect": "/login"})
-    return RedirectResponse(f"/login?next={target}", status_code=303)
+    return RedirectResponse(f"/login?{urlencode({'next': target})}", status_code=303)
 
 
 def page_of(request: Request) -> int:
@@ -81,11 +82,16 @@ def render(
     response = TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
     elapsed_ms = (time.perf_counter() - started) * 1000
     response.headers["Server-Timing"] = f"app;dur={elapsed_ms:.1f}"
+    secure_headers(response)
+    return response
+
+
+def secure_headers(response: Response) -> None:
+    """What every dashboard page and fragment carries (docs/dashboard.md)."""
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "same-origin"
     response.headers["Cache-Control"] = "no-store"
-    return response
 
 
 def started(request: Request) -> None:

@@ -24,7 +24,10 @@ def signed_in(client: TestClient, token: str) -> TestClient:
 def test_pages_without_a_session_send_you_to_login_and_keep_where_you_were(app_client, tokens):
     answer = app_client.get("/pools?page=2", follow_redirects=False)
     assert answer.status_code == 303
-    assert answer.headers["location"] == "/login?next=/pools?page=2"
+    assert answer.headers["location"] == "/login?next=%2Fpools%3Fpage%3D2"
+    several = app_client.get("/events?log=audit&since=2026-01-01T00:00:00Z", follow_redirects=False)
+    login = app_client.get(several.headers["location"])  # every parameter comes back
+    assert 'value="/events?log=audit&amp;since=2026-01-01T00:00:00Z"' in login.text
     assert app_client.get("/live/feed", follow_redirects=False).status_code == 303
     bad = app_client.post("/login", data={"token": "gpf_nope"}, follow_redirects=False)
     assert bad.status_code == 401 and "not valid" in bad.text
@@ -198,3 +201,38 @@ def _viewer_of_planes_at(url: str, database_url, session_factory, tokens) -> Ite
         seed(Api(client, tokens["admin"]))
         signed_in(client, tokens["viewer"])
         yield client
+
+
+def test_behind_a_tls_proxy_login_and_writes_are_from_the_own_origin(app_client, tokens):
+    """The browser's Origin is https://host while the app sees http (the proxy ends TLS):
+    login and every write were refused as from another origin."""
+    proxied = {"Origin": "https://testserver", "X-Forwarded-Proto": "https"}
+    answer = app_client.post(
+        "/login", data={"token": tokens["admin"]}, headers=proxied, follow_redirects=False
+    )
+    assert answer.status_code == 303 and COOKIE in answer.cookies
+    assert "secure" in answer.headers["set-cookie"].lower()
+    # the browser sends that Secure cookie over https; the test client speaks http
+    app_client.cookies.set(COOKIE, answer.cookies[COOKIE])
+    made = app_client.post(
+        "/tokens",
+        data={"csrf": csrf_for(tokens["admin"]), "name": "ci-bot", "role": "viewer"},
+        headers=proxied,
+        follow_redirects=False,
+    )
+    assert made.status_code == 200, made.text
+    assert made.headers["cache-control"] == "no-store"  # the one-time secret is never cached
+    assert "default-src" in made.headers["content-security-policy"]
+    forged = app_client.post(  # the header names no other host: another origin still is one
+        "/tokens",
+        data={"csrf": csrf_for(tokens["admin"]), "name": "xy", "role": "viewer"},
+        headers={"Origin": "https://evil.example", "X-Forwarded-Proto": "https"},
+        follow_redirects=False,
+    )
+    assert forged.status_code == 403
+
+
+def test_the_api_docs_page_does_not_keep_a_token_in_the_browser(app_client):
+    page = app_client.get("/api/v1/docs")
+    assert page.status_code == 200
+    assert '"persistAuthorization": false' in page.text
