@@ -5,11 +5,20 @@ A URL left empty means "start the embedded server" (PostgreSQL, NATS, Redis) und
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,6 +27,29 @@ class GatewayEndpoint(BaseModel):
 
     url: str
     region: str
+
+
+METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+
+
+def webhook_url_problem(url: str) -> None:
+    """Raise ValueError naming what to change when ``url`` is no receiver to send events to:
+    not http(s), no host, or a cloud metadata address (the worker's own credentials live
+    there: an export pointed at it would be a way in)."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        parts.port  # noqa: B018  (a bad port raises ValueError here)
+    except ValueError:
+        raise ValueError("is not a URL: give one like https://alerts.example/hook") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError("must be an http(s) URL with a host, like https://alerts.example/hook")
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    if host in METADATA_HOSTS or (address is not None and address.is_link_local):
+        raise ValueError(f"{host} is a cloud metadata or link-local address; not a receiver")
 
 
 class Settings(BaseSettings):
@@ -225,6 +257,13 @@ class Settings(BaseSettings):
         description="A batch the receiver refuses (4xx other than 408/429) this many times is "
         "dead-lettered: skipped, counted, its row ids logged",
     )
+
+    @field_validator("events_webhook_url")
+    @classmethod
+    def _a_receiver_url(cls, v: str) -> str:
+        if v:
+            webhook_url_problem(v)
+        return v
 
     @model_validator(mode="after")
     def _gap_covers_the_period(self) -> Settings:

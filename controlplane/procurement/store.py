@@ -336,6 +336,9 @@ def begin_release(
     row = session.get(Instance, instance_id, with_for_update=True)
     if row is None or row.state in ("released", "failed", "gone"):
         return None
+    if row.state == "releasing":  # a retry (the provider throttled the first try): go on
+        pool = session.get_one(Pool, row.pool_id)
+        return pool, row.provider_instance_id, row.idempotency_key
     if reason == "idle" and (
         row.state != "running"
         or row.idle_since is None

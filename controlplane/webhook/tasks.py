@@ -15,6 +15,7 @@ The URL (a Slack one holds a secret) and the token are never logged.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -43,32 +44,51 @@ def http_post(settings: Settings) -> Post:
 
     def post(body: bytes) -> tuple[int | None, str]:
         try:
-            with httpx.Client(timeout=settings.events_webhook_timeout_s) as client:
-                answer = client.post(settings.events_webhook_url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
+            with (
+                httpx.Client(timeout=settings.events_webhook_timeout_s) as client,
+                client.stream(
+                    "POST", settings.events_webhook_url, content=body, headers=headers
+                ) as answer,  # the status is all it needs: a body sent slowly is not waited for
+            ):
+                return answer.status_code, f"HTTP {answer.status_code}"
+        except Exception as exc:  # an httpx error, or a URL it cannot use: never the worker's
             return None, f"no answer ({type(exc).__name__})"
-        return answer.status_code, f"HTTP {answer.status_code}"
 
     return post
 
 
 def export(
-    factory: sessionmaker[Session], settings: Settings, post: Post, now: datetime
+    factory: sessionmaker[Session],
+    settings: Settings,
+    post: Post,
+    now: datetime,
+    clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, int]:
-    """Send what is new in each stream; returns how many alerts each delivered."""
+    """Send what is new in each stream; returns how many alerts each delivered. ``clock``
+    (seconds) bounds a run to about three POST timeouts per stream."""
     if not settings.events_webhook_url:
         return {}
     with key_lock(factory, store.LOCK_KEY) as mine:
         if not mine:
             return {}  # another run is sending
-        return {s: _export_stream(factory, settings, post, now, s) for s in store.STREAMS}
+        return {s: _export_stream(factory, settings, post, now, s, clock) for s in store.STREAMS}
 
 
 def _export_stream(
-    factory: sessionmaker[Session], settings: Settings, post: Post, now: datetime, stream: str
+    factory: sessionmaker[Session],
+    settings: Settings,
+    post: Post,
+    now: datetime,
+    stream: str,
+    clock: Callable[[], float],
 ) -> int:
     delivered = 0
+    # a slow receiver must not hold the one worker (spot notices, acquires) for minutes:
+    # the run stops after about three timeouts' worth; the next run goes on
+    budget = clock() + 3 * settings.events_webhook_timeout_s
     for _ in range(MAX_BATCHES_PER_RUN):
+        if clock() > budget:
+            return delivered
         with transaction(factory) as session:
             cursor = store.cursor(session, stream)
             if cursor.next_attempt_at is not None and now < cursor.next_attempt_at:

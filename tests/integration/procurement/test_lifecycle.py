@@ -211,6 +211,34 @@ def test_an_idle_release_overtaken_by_load_coming_back_releases_nothing(deps, fl
     assert {i.state for i in instances(deps.factory, pool)} == {"running"}
 
 
+def test_an_idle_release_the_provider_throttled_goes_on_when_retried(
+    deps, fleet, local, monkeypatch
+):
+    """The first try marked the row releasing, then the provider throttled; the retry found
+    it "no longer idle" (not running) and did nothing: the instance stayed billed until a
+    sweep minutes later."""
+    from providers.base import Throttled
+
+    pool = fleet.pool(gpi=8)
+    fleet.deployment_on(pool, replicas=0, delay_s=600)
+    carry_out(deps, plan(deps, {pool: 16}))
+    plan(deps, {pool: 8})
+    deps.clock.advance(600)
+    [release] = plan(deps, {pool: 8})
+    real = type(local).delete_instance
+
+    def throttled(self, instance_id: str) -> None:
+        raise Throttled("rate limited")
+
+    monkeypatch.setattr(type(local), "delete_instance", throttled)
+    first = tasks.release_run(deps, release.instance_id, release.reason)
+    assert first.retry and instance(deps.factory, release.instance_id).state == "releasing"
+    monkeypatch.setattr(type(local), "delete_instance", real)
+    tasks.release_run(deps, release.instance_id, release.reason)  # Celery's retry
+    assert instance(deps.factory, release.instance_id).state == "released"
+    assert len(local.list_instances()) == 1
+
+
 def test_load_coming_back_stops_the_idle_clock(deps, fleet):
     pool = fleet.pool(gpi=8)
     carry_out(deps, plan(deps, {pool: 8}))

@@ -5,6 +5,7 @@ batches, a late commit is never skipped, a refused batch is dead-lettered and co
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -263,3 +264,70 @@ def test_no_url_no_export(tokens: Any, session_factory: sessionmaker[Session]) -
     assert export(session_factory, Settings(), lambda body: (200, ""), T0) == {}
     with session_factory() as s:
         assert s.query(m.WebhookCursor).count() == 0
+
+
+def test_a_slow_receiver_holds_a_run_to_its_budget_not_the_worker(
+    tokens: Any, session_factory: sessionmaker[Session]
+) -> None:
+    """One run sent up to 10 batches a stream whatever each took: a receiver answering in
+    8 s held the one worker (spot notices, acquires) for minutes."""
+    settings = _settings("http://127.0.0.1:9/hook", events_webhook_max_alerts=1,
+                         events_webhook_timeout_s=10.0)  # fmt: skip
+    now = [0.0]
+    sent: list[bytes] = []
+
+    def slow(body: bytes) -> tuple[int | None, str]:
+        sent.append(body)
+        now[0] += 8.0  # each POST takes 8 s
+        return 200, "HTTP 200"
+
+    export(session_factory, settings, slow, T0, clock=lambda: now[0])  # the cursor starts
+    _event(session_factory, 10)
+    delivered = export(session_factory, settings, slow, T0, clock=lambda: now[0])
+    assert delivered["event"] == 4  # 0, 8, 16, 24 s: the fifth would start past 30 s
+    assert export(session_factory, settings, slow, T0, clock=lambda: now[0])["event"] == 4
+
+
+def test_a_receiver_that_sends_its_body_slowly_is_not_waited_for(
+    tokens: Any, session_factory: sessionmaker[Session]
+) -> None:
+    """Its status is all the export needs; httpx's timeout is per read, so a body sent a
+    byte every few seconds held the POST (and the worker) for good."""
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")
+        while not stop.wait(0.5):  # a byte every half second, never the whole body
+            with contextlib.suppress(OSError):
+                conn.sendall(b"x")
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    settings = _settings(f"http://127.0.0.1:{port}/hook", events_webhook_timeout_s=2.0)
+    try:
+        started = time.monotonic()
+        status, _ = http_post(settings)(b"{}")
+        assert status == 200 and time.monotonic() - started < 2.0
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://169.254.169.254/latest/meta-data", "http://metadata.google.internal/x",
+            "ftp://alerts.example/hook", "http://[::1"],
+)  # fmt: skip
+def test_a_receiver_url_that_is_no_receiver_is_refused_at_start(url: str) -> None:
+    """A metadata address (the worker's own credentials), another scheme, or a URL httpx
+    cannot use (which then failed every run with the cursor looking healthy)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="events_webhook_url"):
+        Settings(events_webhook_url=url)
