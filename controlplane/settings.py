@@ -254,8 +254,9 @@ class Settings(BaseSettings):
     events_webhook_max_rejections: int = Field(
         default=5,
         ge=1,
-        description="A batch the receiver refuses (4xx other than 408/429) this many times is "
-        "dead-lettered: skipped, counted, its row ids logged",
+        description="A batch the receiver refuses (a 4xx about the payload: 400, 413, 422…; "
+        "not 401/403/404/408/429 nor a redirect, which wait for the receiver) this many times "
+        "in a row is dead-lettered: skipped, counted, its row ids logged",
     )
 
     @field_validator("events_webhook_url")

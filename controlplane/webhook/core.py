@@ -149,11 +149,18 @@ class Outcome(StrEnum):
     """The receiver refuses the batch: again after the backoff, dead-lettered at the limit."""
 
 
+RECEIVER_WRONG = frozenset({401, 403, 404, 405, 407, 408, 421, 425, 429})
+"""Statuses that say the receiver (its token, path, proxy or load) is wrong, not the batch:
+retried with the backoff and never dead-lettered (a rotated token dead-lettered every batch
+until someone noticed)."""
+
+
 def outcome_of(status: int | None) -> Outcome:
-    """``status``: the answer's HTTP status, None when no answer came."""
+    """``status``: the answer's HTTP status, None when no answer came. A redirect counts as
+    the receiver's (the export follows none: fix the URL)."""
     if status is not None and 200 <= status < 300:
         return Outcome.DELIVERED
-    if status is None or status in (408, 429) or status >= 500:
+    if status is None or status < 400 or status in RECEIVER_WRONG or status >= 500:
         return Outcome.RETRY
     return Outcome.REJECTED
 

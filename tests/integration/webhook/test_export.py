@@ -243,19 +243,20 @@ def test_a_refused_batch_is_dead_lettered_counted_and_the_rest_flows(
 def test_only_refusals_in_a_row_dead_letter_a_batch(
     tokens: Any, session_factory: sessionmaker[Session], receiver: Receiver
 ) -> None:
-    """Four 503s (a receiver restarting) then one 401 counted five failures, the limit, and
-    the alerts were dropped after a single refusal."""
+    """Four 503s (a receiver restarting) then one 400 counted five failures, the limit, and
+    the alerts were dropped after a single refusal. A 401 (a rotated token) is never a
+    refusal of the batch: it waits for the receiver to be fixed."""
     settings = _settings(receiver.url, events_webhook_max_rejections=3)
     _run(session_factory, settings, T0)
     _event(session_factory, 1)
-    receiver.answers = [503, 503, 503, 503, 401, 503, 401, 401]
+    receiver.answers = [503, 503, 503, 503, 400, 401, 401, 401, 401, 400, 400]
     at = T0
-    for _ in range(8):
+    for _ in range(11):
         _run(session_factory, settings, at)
         at += timedelta(hours=1)  # past any backoff
     cursor = _cursor(session_factory, "event")
     assert (cursor.dead_letters, cursor.delivered) == (0, 0)  # 2 refusals in a row, not 3
-    receiver.answers = [401]
+    receiver.answers = [400]
     _run(session_factory, settings, at)
     assert _cursor(session_factory, "event").dead_letters == 1
 

@@ -15,8 +15,9 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
     ("status", "outcome"),
     [(200, Outcome.DELIVERED), (204, Outcome.DELIVERED), (None, Outcome.RETRY),
      (500, Outcome.RETRY), (503, Outcome.RETRY), (429, Outcome.RETRY), (408, Outcome.RETRY),
-     (400, Outcome.REJECTED), (401, Outcome.REJECTED), (404, Outcome.REJECTED),
-     (301, Outcome.REJECTED)],
+     (400, Outcome.REJECTED), (413, Outcome.REJECTED), (422, Outcome.REJECTED),
+     (401, Outcome.RETRY), (403, Outcome.RETRY), (404, Outcome.RETRY), (301, Outcome.RETRY),
+     (308, Outcome.RETRY)],
 )  # fmt: skip
 def test_what_an_answer_means(status: int | None, outcome: Outcome) -> None:
     assert outcome_of(status) is outcome
