@@ -26,6 +26,7 @@ from controlplane import placement as engine
 from controlplane import rollouts as canary
 from controlplane.contracts import DeploymentObserved
 from controlplane.db import models as m
+from controlplane.procurement.core import HELD
 from controlplane.services.lanes import running_canaries
 from controlplane.services.placement import held_gpus as instance_gpus
 from controlplane.services.reservations import reservations
@@ -83,7 +84,9 @@ def holdings(session: Session, now: datetime) -> list[costs.PoolHolding]:
     ]:
         used = placed[pool]
         used[deployment, cluster] = used.get((deployment, cluster), 0) + gpus
-    instances = instance_gpus(session)
+    # billed while draining or releasing too (a pool in outage drains for as long as it
+    # lasts; a delete the provider keeps refusing stays releasing): placement's count is not
+    instances = instance_gpus(session, HELD)
     out = []
     for pool in session.scalars(select(m.Pool).order_by(m.Pool.name)).unique():
         held = costs.held_gpus(

@@ -411,11 +411,12 @@ def _unplaced(row: m.Deployment) -> list[dict[str, Any]] | None:
     return None if placed is None else [u.model_dump() for u in placed.unplaced]
 
 
-def held_gpus(session: Session) -> dict[str, int]:
-    """Pool id → GPUs of the instances procurement holds there (requested or running)."""
+def held_gpus(session: Session, states: tuple[str, ...] = ACTIVE) -> dict[str, int]:
+    """Pool id → GPUs of the instances procurement holds there in ``states`` (requested or
+    running: what placement may use; the ledger counts every state the provider bills)."""
     rows = session.execute(
         select(m.Instance.pool_id, func.sum(m.Instance.gpus))
-        .where(m.Instance.state.in_(ACTIVE))
+        .where(m.Instance.state.in_(states))
         .group_by(m.Instance.pool_id)
     ).all()
     return {pool_id: int(gpus or 0) for pool_id, gpus in rows}

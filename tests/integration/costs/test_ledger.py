@@ -100,6 +100,24 @@ def test_the_ledger_accrues_across_an_hour_by_deployment_and_idle(admin, session
     assert total == pytest.approx(16 * 0.75 * 2 + 8 * 0.75 * 4)
 
 
+@pytest.mark.parametrize("state", ["draining", "releasing", "running", "released"])
+def test_an_instance_is_in_the_ledger_while_the_provider_bills_it(
+    admin, session_factory, state: str
+):
+    """Only requested and running instances were counted: one draining (a pool in outage
+    drains for as long as it lasts) or releasing (a delete the provider keeps refusing) was
+    billed and charged $0."""
+    fleet(admin, session_factory)
+    with session_factory() as s, s.begin():
+        od = s.scalars(select(m.Pool).where(m.Pool.name == "od")).one()
+        s.add(m.Instance(pool_id=od.id, idempotency_key=f"k-{state}", gpus=8, state=state))
+    accrue(session_factory, T0)
+    accrue(session_factory, T0 + timedelta(minutes=30))
+    held, _, cost = ledger(session_factory)[("06-01 09:00", "od", "")]
+    extra = 0 if state == "released" else 8  # the pool's 8 declared GPUs, plus the instance's
+    assert (held, cost) == pytest.approx(((8 + extra) * 0.5, (8 + extra) * 0.5 * 4))
+
+
 def test_an_accrual_repeated_at_the_same_time_adds_nothing(admin, session_factory):
     fleet(admin, session_factory)
     accrue(session_factory, T0)
