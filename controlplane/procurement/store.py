@@ -364,7 +364,22 @@ def record_released(session: Session, instance_id: str, pid: str | None, pool: P
 
 
 def record_release_error(session: Session, instance_id: str, exc: Exception) -> None:
-    session.get_one(Instance, instance_id).error = str(exc)
+    """The provider did not take the instance back (it is billed on): logged and an event on
+    its pool once per distinct error (the sweep retries every 30 s)."""
+    row = session.get_one(Instance, instance_id)
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    if row.error != error:
+        pool = session.get_one(Pool, row.pool_id)
+        log.warning("instance %s not released: %s", row.provider_instance_id, error)
+        event(
+            session,
+            "InstanceReleaseFailed",
+            pool,
+            f"instance {row.provider_instance_id} of pool {pool.name} not released ({error}); "
+            "it is billed until a retry succeeds",
+            instance=row.provider_instance_id,
+        )
+    row.error = error
 
 
 # -- sweeps --------------------------------------------------------------------------------

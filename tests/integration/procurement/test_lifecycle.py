@@ -233,6 +233,9 @@ def test_an_idle_release_the_provider_throttled_goes_on_when_retried(
     monkeypatch.setattr(type(local), "delete_instance", throttled)
     first = tasks.release_run(deps, release.instance_id, release.reason)
     assert first.retry and instance(deps.factory, release.instance_id).state == "releasing"
+    tasks.release_run(deps, release.instance_id, release.reason)  # throttled again
+    [failed] = events(deps.factory, "InstanceReleaseFailed")  # once per distinct error
+    assert "Throttled" in failed.message and "billed" in failed.message
     monkeypatch.setattr(type(local), "delete_instance", real)
     tasks.release_run(deps, release.instance_id, release.reason)  # Celery's retry
     assert instance(deps.factory, release.instance_id).state == "released"
