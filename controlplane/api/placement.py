@@ -23,13 +23,13 @@ CLUSTER_STATES = {"healthy": "healthy", "down": "offline", "cordoned": "draining
 
 class ClusterWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["cluster"]
-    name: str
+    name: Annotated[str, Field(max_length=63)]  # echoed in the answer when unknown
     state: Literal["healthy", "down", "cordoned"]
 
 
 class PoolWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["pool"]
-    name: str
+    name: Annotated[str, Field(max_length=63)]  # echoed in the answer when unknown
     gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS, description="GPUs usable now")
     procurable_gpus: int | None = Field(default=None, ge=0, le=MAX_POOL_GPUS)
     removed: bool = Field(default=False, description="e.g. the reservation ends")
@@ -37,7 +37,7 @@ class PoolWhatIf(Spec):  # strict like every spec: no bool for a number, no cont
 
 class DeploymentWhatIf(Spec):  # strict like every spec: no bool for a number, no control characters
     kind: Literal["deployment"]
-    name: str
+    name: Annotated[str, Field(max_length=63)]  # echoed in the answer when unknown
     replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS, description="wanted replicas")
     min_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
     priority: int | None = Field(default=None, ge=0, le=1000)

@@ -271,8 +271,13 @@ def test_a_region_a_deployment_names_cannot_be_deleted(admin):
             {"changes": [{"kind": "cluster", "name": "use1-a", "state": "down"}] * 257},
             "changes",
         ),
+        (
+            "placement/preview",
+            {"changes": [{"kind": "pool", "name": "p" * 100_000, "removed": True}]},
+            "changes[0].pool.name",
+        ),
     ],
-    ids=["traffic-weight", "idle-seconds", "preview-changes"],
+    ids=["traffic-weight", "idle-seconds", "preview-changes", "preview-name"],
 )
 def test_numbers_and_lists_without_a_use_that_large_are_refused(admin, path, body, field):
     b.seed(admin)
