@@ -22,6 +22,7 @@ from controlplane.dashboard.session import (
     end_session,
     integer,
     is_own_origin,
+    principal_of,
     read_form,
     set_session,
 )
@@ -95,7 +96,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         check_write(request, principal, Role.viewer, form.get("csrf"))
         response = RedirectResponse("/login", status_code=303)
@@ -104,7 +105,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/deployments/{name}/autoscaling", response_class=HTMLResponse)
     async def edit_autoscaling(request: Request, name: str) -> HTMLResponse:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         try:
             check_write(request, principal, Role.operator, form.get("csrf"))
@@ -139,7 +140,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/placement/preview", response_class=HTMLResponse)
     async def preview(request: Request) -> HTMLResponse:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         try:
             check_write(request, principal, Role.viewer, form.get("csrf"))
@@ -159,7 +160,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/tokens", response_class=HTMLResponse)
     async def create_token(request: Request) -> HTMLResponse:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         try:
             check_write(request, principal, Role.admin, form.get("csrf"))
@@ -181,7 +182,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/tokens/{name}/{verb}", response_class=HTMLResponse)
     async def change_token(request: Request, name: str, verb: str) -> Response:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         try:
             check_write(request, principal, Role.admin, form.get("csrf"))
@@ -203,7 +204,7 @@ def actions_router() -> APIRouter:
 
     @router.get("/live/feed")
     async def feed(request: Request) -> Response:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         logs = ["events", *(["audit"] if principal.role == Role.admin else [])]
         # what is already there is read before the response starts: once the browser sees
         # the stream open, anything that happens after is sent
@@ -216,7 +217,7 @@ def actions_router() -> APIRouter:
 
     @router.post("/playground/stream")
     async def playground(request: Request) -> Response:
-        principal = signed_in(request)
+        principal = await run_in_threadpool(signed_in, request)  # may read the database
         check_write(request, principal, Role.viewer, request.headers.get("x-csrf-token"))
         try:
             asked = loads(await request.body())
@@ -281,6 +282,8 @@ async def _feed(
     ends = time.monotonic() + FEED_LIFETIME_S
     while time.monotonic() < ends and not await request.is_disconnected():
         await asyncio.sleep(every_s)
+        if await run_in_threadpool(principal_of, request) is None:
+            return  # its token was disabled or deleted: no more rows (the verifier's 5 s)
         fresh = [
             (log, i) for log, i in await run_in_threadpool(_latest, request, logs)
             if i["id"] not in seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -236,3 +237,21 @@ def test_the_api_docs_page_does_not_keep_a_token_in_the_browser(app_client):
     page = app_client.get("/api/v1/docs")
     assert page.status_code == 200
     assert '"persistAuthorization": false' in page.text
+
+
+def test_the_event_feed_ends_once_its_token_is_deleted(app_client, tokens, admin):
+    """The feed checked the session once, at connect: a deleted token went on receiving
+    events (and, for an admin, audit entries) for the stream's 55 s."""
+    watcher = admin.post("tokens", {"name": "watcher", "role": "viewer"}).json()["token"]
+    client = signed_in(app_client, watcher)
+    client.app.state.feed_every_s = 0.05  # type: ignore[attr-defined]
+    with client.stream("GET", "/live/feed") as feed:
+        assert feed.status_code == 200
+        lines = feed.iter_lines()
+        assert next(lines).startswith("retry:")
+        assert admin.delete("tokens/watcher").status_code == 204
+        client.app.state.verifier._cache.clear()  # type: ignore[attr-defined]  # past its 5 s
+        started = time.monotonic()
+        for _ in lines:  # ends: the server closed the stream
+            pass
+    assert time.monotonic() - started < 10
