@@ -54,7 +54,7 @@ def to_login(request: Request, _: Exception) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     if request.headers.get("hx-request"):
         return Response(status_code=401, headers={"HX-Redirect": "/login"})
-    return RedirectResponse(f"/login?{urlencode({'next': target})}", status_code=303)
+    return RedirectResponse(f"/login?{urlencode({'next': target}, safe='/')}", status_code=303)
 
 
 def page_of(request: Request) -> int:
