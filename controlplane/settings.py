@@ -32,7 +32,7 @@ class GatewayEndpoint(BaseModel):
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
 
 
-def webhook_url_problem(url: str) -> None:
+def check_webhook_url(url: str) -> None:
     """Raise ValueError naming what to change when ``url`` is no receiver to send events to:
     not http(s), no host, or a cloud metadata address (the worker's own credentials live
     there: an export pointed at it would be a way in)."""
@@ -263,7 +263,7 @@ class Settings(BaseSettings):
     @classmethod
     def _a_receiver_url(cls, v: str) -> str:
         if v:
-            webhook_url_problem(v)
+            check_webhook_url(v)
         return v
 
     @model_validator(mode="after")

@@ -59,7 +59,7 @@ class Bounds:
     bytes_per_s_max: int = 2_000_000_000
     """The same for response bytes."""
     facts_per_s: float = 50.0
-    """Facts one cluster may send per second, sustained (``FactBudget``)..."""
+    """Facts one cluster may send per second, sustained (``ReportBudget``)..."""
     facts_burst: float = 5000.0
     """... and at once (a plane restarting reports each replica it finds)."""
     heartbeats_per_s: float = 10.0
@@ -70,10 +70,12 @@ class Bounds:
     """... and at once (a backlog after the bus was away: only the newest counts anyway)."""
 
 
-class FactBudget:
-    """A token bucket per cluster: a plane flooding facts (each with a fresh id) made an
-    event row and asked for a re-plan each; past its budget a fact is dropped and counted
-    (``fact_rate``). Pure: the caller passes the time (seconds)."""
+class ReportBudget:
+    """A token bucket per cluster, one for its facts and one for its heartbeats: a plane
+    flooding facts (each with a fresh id) made an event row and asked for a re-plan each,
+    and each heartbeat is a transaction in the consumer every plane shares; past its budget
+    a report is dropped and counted (``fact_rate``, ``heartbeat_rate``). Pure: the caller
+    passes the time (seconds)."""
 
     MAX_CLUSTERS = 10_000
 

@@ -44,9 +44,9 @@ from controlplane.services.desired import desired_state, release_holds
 from controlplane.status import PoolCapacity
 from controlplane.trust import (
     Bounds,
-    FactBudget,
     Given,
     Rejection,
+    ReportBudget,
     check_observed,
     check_replica,
     draining,
@@ -75,8 +75,10 @@ class DbSink:
         self._bounds = bounds or Bounds()
         self._rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
         self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
-        self._facts = FactBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
-        self._heartbeats = FactBudget(self._bounds.heartbeats_per_s, self._bounds.heartbeats_burst)
+        self._facts = ReportBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
+        self._heartbeats = ReportBudget(
+            self._bounds.heartbeats_per_s, self._bounds.heartbeats_burst
+        )
         self._over_budget_logged: dict[tuple[str, str], datetime] = {}
 
     @staticmethod
@@ -118,7 +120,7 @@ class DbSink:
         last = self._over_budget_logged.get((cluster, what))
         if last is not None and at - last < timedelta(minutes=1):
             return
-        if len(self._over_budget_logged) >= FactBudget.MAX_CLUSTERS:
+        if len(self._over_budget_logged) >= ReportBudget.MAX_CLUSTERS:
             self._over_budget_logged.clear()
         self._over_budget_logged[(cluster, what)] = at
         if what == "facts":

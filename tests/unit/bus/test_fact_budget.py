@@ -1,14 +1,14 @@
-"""A cluster's fact budget (``controlplane.trust.FactBudget``): a burst, then a rate; only
+"""A cluster's fact budget (``controlplane.trust.ReportBudget``): a burst, then a rate; only
 facts handled spend it — a redelivery that failed because the database was away does not
 (a long outage would otherwise have the plane's real facts dropped once it ends)."""
 
 from __future__ import annotations
 
-from controlplane.trust import FactBudget
+from controlplane.trust import ReportBudget
 
 
 def test_a_burst_then_the_rate_and_only_handled_facts_spend():
-    budget = FactBudget(per_s=2.0, burst=3.0)
+    budget = ReportBudget(per_s=2.0, burst=3.0)
     for _ in range(10):  # tried and failed (the database away): nothing spent
         assert budget.allows("a", 0.0)
     for _ in range(3):
