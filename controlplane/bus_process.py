@@ -386,12 +386,19 @@ def trigger_replan(reason: str) -> None:
     request_replan(reason)
 
 
+DRAIN_TIMEOUT_S = 5
+"""At a stop, how long the reports already received may take to be recorded; those left are
+redelivered (to the next bus process) after the consumer's ack wait."""
+
+
 async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25) -> None:
     user = os.environ.get("GPUFLEET_NATS_USER")
     password = os.environ.get("GPUFLEET_NATS_PASSWORD")
     auth = {"user": user, "password": password} if user and password else {}
     metrics = serve_metrics(settings.bus_metrics_port)
-    nc = await nats.connect(settings.nats_url, max_reconnect_attempts=-1, **auth)  # type: ignore[arg-type]
+    nc = await nats.connect(  # type: ignore[arg-type]
+        settings.nats_url, max_reconnect_attempts=-1, drain_timeout=DRAIN_TIMEOUT_S, **auth
+    )
     js = nc.jetstream()
     kv = await ensure_bus(js)
     routes_kv = await ensure_routes_bucket(js)
@@ -452,10 +459,10 @@ async def run_bus(settings: Settings, stop: asyncio.Event, poll_s: float = 0.25)
                 await asyncio.wait_for(stop.wait(), poll_s)
     finally:
         progress.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await progress
+        # gather, not `suppress(CancelledError)`: a cancel of this task itself goes on up
+        await asyncio.gather(progress, return_exceptions=True)
         await consumer.stop()
-        await nc.drain()
+        await nc.drain()  # bounded by drain_timeout: what it leaves unacked is redelivered
         if metrics is not None:
             metrics.shutdown()
             metrics.server_close()

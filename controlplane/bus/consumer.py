@@ -27,12 +27,15 @@ from controlplane.contracts import (
     RejectedMessageError,
     cluster_from_subject,
     decode_report,
+    observed_subject,
     utcnow,
 )
 
 log = logging.getLogger(__name__)
 
 DURABLE_NAME = "gpufleet-controlplane"
+MAX_TRACKED_SUBJECTS = 65_536
+"""Planes whose newest heartbeat sequence the consumer keeps (then it starts afresh)."""
 
 REJECTED = Counter(
     "gpufleet_bus_rejected_messages_total",
@@ -61,6 +64,10 @@ REPORT_DELAY = Histogram(
 PENDING = Gauge(
     "gpufleet_bus_pending_messages",
     "Reports in the stream not yet processed by the control plane (undelivered or unacked)",
+)
+SUPERSEDED = Counter(
+    "gpufleet_bus_superseded_heartbeats_total",
+    "Heartbeats acked unread: a newer heartbeat of the same plane was already in the stream",
 )
 STREAM_LAG = Gauge(
     "gpufleet_bus_stream_lag_messages",
@@ -120,6 +127,13 @@ class InMemorySink:
             self.facts.append((cluster, fact))
 
 
+def _stream_seq(msg: Msg) -> int | None:
+    try:
+        return msg.metadata.sequence.stream
+    except Exception:  # not a JetStream message
+        return None
+
+
 def _deliveries(msg: Msg) -> int:
     """How many times the server delivered this message (1 the first time)."""
     try:
@@ -169,8 +183,10 @@ class ReportConsumer:
         self._redeliver_delay_s = redeliver_delay_s
         self._max_sink_tries = max_sink_tries
         self._sub: JetStreamContext.PushSubscription | None = None
+        self._newest: dict[str, tuple[int, datetime]] = {}  # subject → newest (seq, stored)
 
     async def start(self) -> None:
+        self._newest.clear()  # the stream may have been made again: its sequences restart
         config = ConsumerConfig(
             durable_name=self._durable,
             ack_policy=AckPolicy.EXPLICIT,
@@ -196,6 +212,39 @@ class ReportConsumer:
             # is redelivered to the next subscriber after ack_wait.
             await self._js._nc.flush()
 
+    async def _superseded(self, msg: Msg, cluster: str) -> bool:
+        """A heartbeat with a newer one of the same plane already in the stream: the newer one
+        says all this one does (a heartbeat is the plane's whole state), so this one can be
+        acked unread. Behind a backlog (a control plane back after an outage, or slower than
+        its planes for a while) each plane's queued heartbeats then cost one database write,
+        not one each, and the bus catches up with every plane at once.
+
+        The server is asked only while more reports wait. The newest heartbeat it names is
+        kept (sequence and time stored): one older than it in both needs no question. Both,
+        because a stream made again (NATS back on an empty store) numbers from 1 again."""
+        seq, stored = _stream_seq(msg), _stored_at(msg)
+        if seq is None or stored is None or msg.subject != observed_subject(cluster):
+            return False
+        known = self._newest.get(msg.subject)
+        if known is not None and seq < known[0] and stored <= known[1]:
+            return True
+        try:
+            waiting = (msg.metadata.num_pending or 0) > 0
+        except Exception:
+            waiting = False
+        if not waiting and not (self._sub is not None and self._sub.pending_msgs > 0):
+            return False
+        try:
+            last = await self._js.get_last_msg(REPORTS_STREAM, msg.subject)
+        except Exception:  # the server cannot say: record this one, as without a backlog
+            return False
+        if last.seq is None or last.time is None or last.seq <= seq:
+            return False
+        if len(self._newest) >= MAX_TRACKED_SUBJECTS:
+            self._newest.clear()
+        self._newest[msg.subject] = (last.seq, last.time)
+        return True
+
     async def progress(self) -> StreamProgress:
         """How far the durable consumer has processed the reports stream (two JetStream
         API calls; they answer whether or not this process is subscribed)."""
@@ -218,6 +267,10 @@ class ReportConsumer:
 
     async def _handle(self, msg: Msg) -> None:
         cluster = cluster_from_subject(msg.subject)
+        if cluster is not None and await self._superseded(msg, cluster):
+            SUPERSEDED.inc()
+            await msg.ack()
+            return
         try:
             if cluster is None:
                 raise RejectedMessageError("subject", f"unexpected subject {msg.subject}")

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -75,6 +76,7 @@ class DbSink:
         self._bounds = bounds or Bounds()
         self._rates = costs.UsageRates(self._bounds.tokens_per_s_max, self._bounds.bytes_per_s_max)
         self._noted: dict[tuple[str, str], datetime] = {}  # (cluster, reason) → last event
+        self._handed = HandedCache()
         self._facts = ReportBudget(self._bounds.facts_per_s, self._bounds.facts_burst)
         self._heartbeats = ReportBudget(
             self._bounds.heartbeats_per_s, self._bounds.heartbeats_burst
@@ -177,7 +179,7 @@ class DbSink:
                 return None, []
             if cluster.last_heartbeat_at and received_at < cluster.last_heartbeat_at:
                 return None, []  # an older heartbeat redelivered late: the newer one stands
-            checked = check_observed(state, given_to(session, cluster), self._bounds)
+            checked = check_observed(state, given_to(session, cluster, self._handed), self._bounds)
             rejected = self._reject(session, cluster, checked.rejections, received_at)
             state = checked.state
             cluster.last_heartbeat_at = received_at
@@ -205,7 +207,7 @@ class DbSink:
             if cluster is None:
                 return None, []
             if isinstance(fact, ReplicaStarted | ReplicaFailed):
-                given = given_to(session, cluster)
+                given = given_to(session, cluster, self._handed)
                 if draining(fact.replica.deployment, given):
                     return None, []
                 why = check_replica(fact.replica, given)
@@ -258,23 +260,69 @@ def _instance_not_held(session: Session, cluster: Cluster, ref: str) -> Rejectio
     )
 
 
-def given_to(session: Session, cluster: Cluster) -> Given:
-    """What the cluster was given: its current desired state's deployments (with their
-    fleet-wide max replicas), its pools, the instances held for it. Nothing was ever
-    placed on a cluster at desired generation 0: it was given no deployment."""
-    pools = frozenset(p.name for p in cluster.pools)
+@dataclass(frozen=True)
+class Handed:
+    """What one desired-state generation handed a cluster: entry → the deployment it serves
+    (a rollout lane: its deployment), the provider ids of the instances held for it, the
+    entries it was told to retire."""
+
+    served: Mapping[str, str]
+    instances: frozenset[str]
+    retired: frozenset[str]
+
+
+def handed(session: Session, cluster: Cluster) -> Handed:
+    """Worked out from the cluster's current desired state (a dozen queries). Nothing was
+    ever placed on a cluster at desired generation 0: it was handed nothing."""
     if cluster.desired_generation < 1:
-        return Given(deployments={}, pools=pools)
+        return Handed(served={}, instances=frozenset(), retired=frozenset())
     desired = desired_state(session, cluster)
-    served = {d.name: d.serves or d.name for d in desired.deployments}  # a lane: its deployment
-    names = sorted(set(served.values()))
+    return Handed(
+        served={d.name: d.serves or d.name for d in desired.deployments},
+        instances=frozenset(i.id for i in desired.instances),
+        retired=frozenset(desired.retired),
+    )
+
+
+class HandedCache:
+    """`handed` per cluster, kept while the cluster's desired (epoch, generation) stays: what
+    a plane was handed changes only with them (the snapshot it runs is published when the
+    generation moves). Every heartbeat and replica fact is checked against it; working it
+    out each time was half the cost of recording a heartbeat, and the bus fell behind the
+    planes it serves. At most ``most`` clusters are kept (then it starts afresh)."""
+
+    def __init__(self, most: int = 4096) -> None:
+        self._most = most
+        self._by_cluster: dict[str, tuple[tuple[int, int], Handed]] = {}
+
+    def __call__(self, session: Session, cluster: Cluster) -> Handed:
+        key = (cluster.desired_epoch, cluster.desired_generation)
+        kept = self._by_cluster.get(cluster.id)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        value = handed(session, cluster)
+        if len(self._by_cluster) >= self._most and cluster.id not in self._by_cluster:
+            self._by_cluster.clear()
+        self._by_cluster[cluster.id] = (key, value)
+        return value
+
+
+def given_to(
+    session: Session, cluster: Cluster, handed_to: Callable[[Session, Cluster], Handed] = handed
+) -> Given:
+    """What the cluster was given: what its desired state handed it (``handed_to``: how to
+    get that, e.g. a `HandedCache`), each deployment with its fleet-wide max replicas (read
+    now: a deployment's bounds are checked as they stand), its pools."""
+    pools = frozenset(p.name for p in cluster.pools)
+    out = handed_to(session, cluster)
+    names = sorted(set(out.served.values()))
     rows = session.scalars(select(Deployment).where(Deployment.name.in_(names))) if names else []
     most = {d.name: deployment_autoscaling(d).max_replicas for d in rows}
     return Given(
-        deployments={entry: most[name] for entry, name in served.items() if name in most},
+        deployments={entry: most[name] for entry, name in out.served.items() if name in most},
         pools=pools,
-        instances=frozenset(i.id for i in desired.instances),
-        retired=frozenset(desired.retired),
+        instances=out.instances,
+        retired=out.retired,
     )
 
 

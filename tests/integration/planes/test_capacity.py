@@ -108,8 +108,18 @@ class Planes:
         _done, stuck = await asyncio.wait(tasks, timeout=10)  # a failed test must not hang
         for task in stuck:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if stuck:
+            await asyncio.wait(stuck, timeout=10)
         self.server.stop()
+
+    def alive(self, cluster: str) -> None:
+        """Raises what ended the cluster's agent, if it ended (a wait for its reports would
+        only time out)."""
+        _, task, _ = self.agents[cluster]
+        if task.done():
+            raise AssertionError(f"the agent of {cluster} ended: {task!r}") from (
+                None if task.cancelled() else task.exception()
+            )
 
 
 @contextlib.asynccontextmanager
@@ -156,13 +166,31 @@ def reported(factory: sessionmaker[Session], name: str) -> bool:
     return row.state == "healthy" and bool(cluster_status(row).capacity)
 
 
+async def reports(p: Planes, factory: sessionmaker[Session], name: str, within: float) -> None:
+    """Wait until the control plane has the cluster healthy with its capacity; on a timeout,
+    say what it has of it."""
+
+    def seen() -> bool:
+        p.alive(name)
+        return reported(factory, name)
+
+    try:
+        await eventually(seen, within, f"{name} reports")
+    except AssertionError as exc:
+        row = cluster(factory, name)
+        raise AssertionError(
+            f"{exc}; the control plane has {name} {row.state}, last heartbeat "
+            f"{row.last_heartbeat_at}, capacity {cluster_status(row).capacity}"
+        ) from None
+
+
 async def test_placement_follows_what_the_planes_have_through_a_plane_death(
     fleet, session_factory, database_url, tmp_path: Path, monkeypatch
 ):
     async with planes(fleet, database_url, tmp_path, monkeypatch) as p:
         cheap, dear = p.start_agent("cheap"), p.start_agent("dear")
         for name in ("cheap", "dear"):
-            await eventually(lambda n=name: reported(session_factory, n), 15, f"{name} reports")
+            await reports(p, session_factory, name, 15)
 
         replan_now(session_factory, "test")
         # the inventory says 16 reserved GPUs on cheap; its plane has 8: one deployment each
@@ -183,7 +211,7 @@ async def test_placement_follows_what_the_planes_have_through_a_plane_death(
 
         # the plane comes back healthy: the normal placement puts the deployment back on it
         dear = p.start_agent("dear")
-        await eventually(lambda: reported(session_factory, "dear"), 30, "dear reports again")
+        await reports(p, session_factory, "dear", 30)
         replan_now(session_factory, "cluster_healthy")
         assert placed(session_factory).get(on_dear) == "dear"
         await eventually(lambda: _ready_is(dear, [on_dear]), 15, f"{on_dear} ready on dear")
