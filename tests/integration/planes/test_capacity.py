@@ -109,8 +109,9 @@ class Planes:
         for task in stuck:
             task.cancel()
         if stuck:
-            await asyncio.wait(stuck, timeout=10)
+            _done, stuck = await asyncio.wait(stuck, timeout=10)
         self.server.stop()
+        assert not stuck, f"tasks that ignored both stop and cancel: {sorted(map(repr, stuck))}"
 
     def alive(self, cluster: str) -> None:
         """Raises what ended the cluster's agent, if it ended (a wait for its reports would
