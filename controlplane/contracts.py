@@ -735,6 +735,8 @@ MESSAGE_TYPES: tuple[type[Envelope], ...] = (
     DeploymentKept,
 )
 FACT_TYPES: tuple[type[Envelope], ...] = MESSAGE_TYPES[2:]
+FACT_TYPE_NAMES: tuple[str, ...] = tuple(t.model_fields["type"].default for t in FACT_TYPES)
+"""Each fact's ``type``: the last token of its subject (`fact_subject`)."""
 
 _REPORT = TypeAdapter(Report)
 

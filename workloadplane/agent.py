@@ -26,6 +26,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from controlplane.contracts import (
+    MAX_REPORT_ENTRIES,
     CapacityExhausted,
     DeploymentDesired,
     DeploymentKept,
@@ -189,6 +190,7 @@ class Agent:
         """Runs with a router only: without one there is no load to scale on."""
         self.bus: AgentBus | None = None
         self._known: dict[str, ReplicaState] | None = None
+        self._trimmed = 0  # the desired entries last warned about (a heartbeat carries fewer)
         self._lock = asyncio.Lock()
         self._act_lock = asyncio.Lock()
         """Held from listing replicas to acting on them (reconcile, autoscale): neither acts
@@ -504,6 +506,17 @@ class Agent:
                         outcomes=self.router.outcomes(d.name) if self.router else None,
                     )
                 )
+        if len(deployments) > MAX_REPORT_ENTRIES and self.desired is not None:
+            lanes = {d.name for d in self.desired.deployments if d.serves and d.serves != d.name}
+            deployments = reportable(deployments, lanes)
+            if self._trimmed != len(self.desired.deployments):
+                log.warning(
+                    "the desired state names %d deployments; a heartbeat reports at most %d "
+                    "(those with traffic or demand first): the others' demand is not reported",
+                    len(self.desired.deployments),
+                    MAX_REPORT_ENTRIES,
+                )
+            self._trimmed = len(self.desired.deployments)
         return ObservedState(
             cluster=self.cluster,
             source=self.source,
@@ -666,6 +679,23 @@ async def run_agent(
         router_address=router_address,
     )
     return agent
+
+
+def reportable(
+    deployments: list[DeploymentObserved], lanes: set[str], most: int = MAX_REPORT_ENTRIES
+) -> list[DeploymentObserved]:
+    """At most ``most`` of the entries, in their order: a heartbeat carries no more, and a
+    plane given more built one that failed to validate and sent none (the control plane
+    took it for dead). Kept first: those with requests in flight or queued, then by demand;
+    rollout lanes last (their demand counts for nothing upstream)."""
+    if len(deployments) <= most:
+        return deployments
+    ranked = sorted(
+        deployments,
+        key=lambda d: (d.name in lanes, -(d.in_flight + d.queue_depth), -d.demand, d.name),
+    )
+    kept = {d.name for d in ranked[:most]}
+    return [d for d in deployments if d.name in kept]
 
 
 def _subject(action: StartReplica | StopReplica | DrainReplica) -> tuple[str, str]:

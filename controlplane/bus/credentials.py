@@ -20,15 +20,18 @@ from pathlib import Path
 from controlplane.contracts import (
     DESIRED_BUCKET,
     DESIRED_STREAM,
+    FACT_TYPE_NAMES,
     MAX_REPORT_BYTES,
     PLANE_LOAD_SUBJECTS,
     ROUTES_STREAM,
     ROUTES_SUBJECT,
     NatsCredentials,
     cluster_inbox_prefix,
-    cluster_subject_prefix,
     desired_subject,
+    fact_subject,
     gateway_inbox_prefix,
+    observed_subject,
+    plane_load_subject,
 )
 from controlplane.credentials import (
     CONTROLPLANE_USER,
@@ -71,7 +74,12 @@ def cluster_permissions(cluster: str) -> NatsPermissions:
     key_subject = desired_subject(cluster)
     return NatsPermissions(
         publish=(
-            f"{cluster_subject_prefix(cluster)}.>",
+            # its reports by name, not `<prefix>.>`: each subject has its own share of the
+            # reports stream (REPORTS_PER_SUBJECT), and a plane inventing fact subjects would
+            # have had as many shares as names it made up
+            observed_subject(cluster),
+            *(fact_subject(cluster, name) for name in FACT_TYPE_NAMES),
+            plane_load_subject(cluster),
             f"$JS.API.CONSUMER.CREATE.{DESIRED_STREAM}.*.{key_subject}",
             f"$JS.API.DIRECT.GET.{DESIRED_STREAM}.{key_subject}",
         ),

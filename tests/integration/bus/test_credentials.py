@@ -144,3 +144,18 @@ async def test_cluster_a_cannot_publish_as_cluster_b(bus: Bus, consumer):
             await bus.kv.get("a")
     finally:
         await nc.close()
+
+
+async def test_a_plane_cannot_invent_report_subjects(bus: Bus, consumer):
+    """Each reports subject has its own share of the stream (REPORTS_PER_SUBJECT): a plane
+    may publish the fact subjects that exist, not names it makes up."""
+    errors: list[Exception] = []
+    nc = await bus.connect(bus.clusters["a"], errors)
+    try:
+        await nc.publish("gpufleet.v1.cluster.a.fact.made_up_1", b"{}")
+        await nc.flush()
+        await eventually(lambda: bool(violations(errors)), what="the server's refusal")
+        assert 'publish to "gpufleet.v1.cluster.a.fact.made_up_1"' in " ".join(violations(errors))
+        assert (await bus.js.stream_info(REPORTS_STREAM)).state.messages == 0
+    finally:
+        await nc.close()

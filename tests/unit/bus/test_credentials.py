@@ -13,6 +13,7 @@ from controlplane.bus import (
     render_server_config,
     write_server_config,
 )
+from controlplane.contracts import FACT_TYPE_NAMES
 from controlplane.local.nats import nats_server_binary
 
 
@@ -86,3 +87,14 @@ def test_rendered_config_with_gateways_is_valid_for_nats_server(tmp_path: Path):
     assert check.returncode == 0, check.stderr
     assert '"gateway-edge-1"' in text and gateway.password not in text
     assert text.count('password: "$2a$10$') == 3
+
+
+def test_a_plane_may_publish_only_the_report_subjects_that_exist():
+    """Not its whole prefix: each subject has its own share of the reports stream, and a
+    plane inventing fact subjects would have had as many shares as names it made up."""
+    reports = [s for s in cluster_permissions("a").publish if s.startswith("gpufleet.")]
+    assert sorted(reports) == sorted(
+        ["gpufleet.v1.cluster.a.observed", "gpufleet.v1.cluster.a.load"]
+        + [f"gpufleet.v1.cluster.a.fact.{t}" for t in FACT_TYPE_NAMES]
+    )
+    assert "gpufleet.v1.cluster.a.fact.replica_started" in reports

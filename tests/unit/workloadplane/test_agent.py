@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.contracts import DesiredStateApplied, Envelope, ReplicaFailed, ReplicaStarted
+from controlplane.contracts import (
+    MAX_REPORT_ENTRIES,
+    DeploymentObserved,
+    DesiredStateApplied,
+    Envelope,
+    ReplicaFailed,
+    ReplicaStarted,
+)
 from tests.unit.workloadplane.builders import RecordingRuntime, make_deployment, make_desired
-from workloadplane.agent import Agent
+from workloadplane.agent import Agent, reportable
 from workloadplane.runtime.gpus import InsufficientGpusError
 from workloadplane.state import DesiredStateStore
 
@@ -107,6 +114,39 @@ async def test_heartbeat_reports_generation_replicas_and_demand(tmp_path: Path):
     assert len(beat.replicas) == 1
     assert beat.deployments[0].demand == 7
     assert beat.time == NOW
+
+
+async def test_a_plane_given_more_deployments_than_a_heartbeat_holds_still_heartbeats(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A heartbeat carries at most MAX_REPORT_ENTRIES deployments: a plane given more built
+    one that failed to validate and sent none, and the control plane took it for dead."""
+    agent, _ = make_agent(tmp_path, RecordingRuntime())
+    names = [f"d-{i:04d}" for i in range(MAX_REPORT_ENTRIES + 4)]
+    await agent.on_desired(make_desired(1, *(make_deployment(n, min_=0) for n in names)))
+    agent.wanted["d-4099"] = 3  # the last by name, but it has demand: it is kept
+    with caplog.at_level(logging.WARNING, logger="workloadplane.agent"):
+        beats = [await agent.observed_state() for _ in range(3)]
+    reported = [d.name for d in beats[-1].deployments]
+    assert len(reported) == MAX_REPORT_ENTRIES and reported == sorted(reported)
+    assert (
+        "d-4099" in reported
+        and next(d.demand for d in beats[-1].deployments if d.name == "d-4099") == 3
+    )
+    warned = [r for r in caplog.records if "a heartbeat reports at most" in r.getMessage()]
+    assert len(warned) == 1, "said once, not at every heartbeat"
+
+
+async def test_the_entries_a_heartbeat_keeps_are_those_with_traffic_then_demand_lanes_last():
+    entries = [
+        DeploymentObserved(name="idle"),
+        DeploymentObserved(name="lane", in_flight=9),
+        DeploymentObserved(name="busy", queue_depth=1),
+        DeploymentObserved(name="wanted", demand=2),
+    ]
+    assert [d.name for d in reportable(entries, {"lane"}, most=2)] == ["busy", "wanted"]
+    assert [d.name for d in reportable(entries, {"lane"}, most=3)] == ["idle", "busy", "wanted"]
+    assert reportable(entries, set(), most=4) == entries
 
 
 def _replicas_metric(deployment: str, state: str) -> float | None:
