@@ -9,6 +9,7 @@ terminated (never redelivered), counted and logged; they never stop the consumer
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +35,9 @@ from controlplane.contracts import (
 log = logging.getLogger(__name__)
 
 DURABLE_NAME = "gpufleet-controlplane"
+ASK_AGAIN_AFTER_S = 60.0
+"""After the server could not name a plane's newest heartbeat, how long queued heartbeats
+are all recorded before it is asked again."""
 MAX_TRACKED_SUBJECTS = 65_536
 """Planes whose newest heartbeat sequence the consumer keeps (then it starts afresh)."""
 
@@ -184,6 +188,7 @@ class ReportConsumer:
         self._max_sink_tries = max_sink_tries
         self._sub: JetStreamContext.PushSubscription | None = None
         self._newest: dict[str, tuple[int, datetime]] = {}  # subject → newest (seq, stored)
+        self._ask_after = 0.0  # monotonic: when the server may be asked again after a failure
 
     async def start(self) -> None:
         self._newest.clear()  # the stream may have been made again: its sequences restart
@@ -234,9 +239,15 @@ class ReportConsumer:
             waiting = False
         if not waiting and not (self._sub is not None and self._sub.pending_msgs > 0):
             return False
+        if time.monotonic() < self._ask_after:
+            return False
         try:
             last = await self._js.get_last_msg(REPORTS_STREAM, msg.subject)
-        except Exception:  # the server cannot say: record this one, as without a backlog
+        except Exception as exc:  # the server cannot say: record this one, as without a backlog
+            # and ask no more for a while (a permission it lacks costs a timeout each time)
+            self._ask_after = time.monotonic() + ASK_AGAIN_AFTER_S
+            log.warning("cannot read the newest heartbeat on %s (%s): each queued heartbeat "
+                        "is recorded for %.0f s", msg.subject, exc, ASK_AGAIN_AFTER_S)  # fmt: skip
             return False
         if last.seq is None or last.time is None or last.seq <= seq:
             return False
