@@ -24,6 +24,7 @@ from controlplane.dashboard.session import (
     is_own_origin,
     principal_of,
     read_form,
+    session_id,
     set_session,
 )
 from controlplane.dashboard.web import (
@@ -39,6 +40,7 @@ from controlplane.services import fleet_view, inventory, records, tokens, what_i
 from controlplane.services import placement as placement_svc
 from controlplane.services.records import RECORDS
 from controlplane.services.resources import KINDS
+from controlplane.services.sessions import SessionStore
 from controlplane.specs import Role, TokenSpec
 
 RECORD = {k.path: k for k in RECORDS}
@@ -83,15 +85,17 @@ def actions_router() -> APIRouter:
         target = _safe_next(form.get("next"))
         verifier = request.app.state.verifier
         try:
-            await run_in_threadpool(verifier.verify, f"Bearer {token}")
+            principal = await run_in_threadpool(verifier.verify, f"Bearer {token}")
         except ControlPlaneError:
             return render(
                 request, "login.html", None, status_code=401, next=target,
                 error="That token is not valid (unknown, disabled or expired). Paste an API "
                 "token (gpf_…): the admin token `gpufleet up` printed, or one an admin made.",
             )  # fmt: skip
+        store: SessionStore = request.app.state.dashboard_sessions
+        sid = await run_in_threadpool(store.open, principal.token_id)
         response = RedirectResponse(target, status_code=303)
-        set_session(response, request, token)
+        set_session(response, request, sid)
         return response
 
     @router.post("/logout")
@@ -99,6 +103,8 @@ def actions_router() -> APIRouter:
         principal = await run_in_threadpool(signed_in, request)  # may read the database
         form = await read_form(request)
         check_write(request, principal, Role.viewer, form.get("csrf"))
+        store: SessionStore = request.app.state.dashboard_sessions
+        await run_in_threadpool(store.close, session_id(request) or "")
         response = RedirectResponse("/login", status_code=303)
         end_session(response)
         return response

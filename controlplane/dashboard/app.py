@@ -11,10 +11,12 @@ from controlplane.dashboard.assets import assets_router, static_files
 from controlplane.dashboard.pages import pages_router
 from controlplane.dashboard.rates import RequestRates
 from controlplane.dashboard.web import LoginRequired, to_login
+from controlplane.services.sessions import SessionStore
 
 
 def install(app: FastAPI, feed_every_s: float = FEED_EVERY_S) -> None:
     app.state.feed_every_s = feed_every_s
+    app.state.dashboard_sessions = SessionStore(app.state.session_factory)
     app.state.request_rates = RequestRates(time.monotonic)  # per process: the routers' last scrapes
     app.add_exception_handler(LoginRequired, to_login)
     app.include_router(assets_router())

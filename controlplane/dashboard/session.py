@@ -1,9 +1,12 @@
-"""Dashboard sessions: an API token exchanged for a cookie, and the CSRF value bound to it.
+"""Dashboard sessions: an API token exchanged for a server-side session, and the CSRF value
+bound to it.
 
-The cookie carries the token itself (HttpOnly, SameSite=Strict, Secure behind TLS), so every
-request is checked by the API's own verifier: a disabled or deleted token ends its sessions
-within the verifier's cache time. The CSRF value is an HMAC of the token's hash, so it is
-known only to a page the session rendered; every write must send it back.
+The cookie (HttpOnly, SameSite=Strict, Secure behind TLS) carries a random session id; the
+database keeps its SHA-256, the token it speaks for and its expiry (`SESSION_LIFETIME`).
+Logging out deletes the row, so a copy of the cookie stops working at once in this process
+and within the cache time (5 s) in others; a disabled, expired or deleted token ends its
+sessions the same way. The CSRF value is an HMAC of the session id's hash, so it is known
+only to a page the session rendered; every write must send it back.
 """
 
 from __future__ import annotations
@@ -15,37 +18,38 @@ from urllib.parse import parse_qsl
 from fastapi import Request
 from fastapi.responses import Response
 
-from controlplane.api.auth import RANK, Principal, TokenVerifier
+from controlplane.api.auth import RANK, Principal
 from controlplane.contracts import whole_number
-from controlplane.errors import BadRequest, ControlPlaneError, Forbidden
+from controlplane.errors import BadRequest, Forbidden
 from controlplane.services.inventory import hash_token
+from controlplane.services.sessions import SessionStore
 from controlplane.specs import Role
 
 COOKIE = "gpufleet_session"
 MAX_FORM_FIELDS = 50
 
 
-def csrf_for(token: str) -> str:
-    """The CSRF value of a session: derived from the token, never the token itself."""
+def csrf_for(session_id: str) -> str:
+    """The CSRF value of a session: derived from its id, never the id itself."""
     return hmac.new(
-        hash_token(token).encode(), b"gpufleet-dashboard-csrf", hashlib.sha256
+        hash_token(session_id).encode(), b"gpufleet-dashboard-csrf", hashlib.sha256
     ).hexdigest()
 
 
-def session_token(request: Request) -> str | None:
+def session_id(request: Request) -> str | None:
     return request.cookies.get(COOKIE) or None
 
 
 def principal_of(request: Request) -> Principal | None:
     """Who the session's cookie speaks for; None without a valid one."""
-    token = session_token(request)
-    if not token:
+    sid = session_id(request)
+    if not sid:
         return None
-    verifier: TokenVerifier = request.app.state.verifier
-    try:
-        principal = verifier.verify(f"Bearer {token}")
-    except ControlPlaneError:
+    store: SessionStore = request.app.state.dashboard_sessions
+    token = store.token(sid)
+    if token is None:
         return None
+    principal = Principal(token.id, token.name, token.role)
     request.state.principal = principal
     return principal
 
@@ -64,10 +68,10 @@ def is_own_origin(request: Request, origin: str) -> bool:
     return origin in {f"{scheme}://{netloc}" for scheme in schemes}
 
 
-def set_session(response: Response, request: Request, token: str) -> None:
+def set_session(response: Response, request: Request, session_id: str) -> None:
     response.set_cookie(
         COOKIE,
-        token,
+        session_id,
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https",
@@ -94,9 +98,9 @@ async def read_form(request: Request) -> dict[str, str]:
 
 def check_write(request: Request, principal: Principal, role: Role, sent: str | None) -> None:
     """Every write: the session's CSRF value, the same origin, and the role it needs."""
-    token = session_token(request) or ""
+    sid = session_id(request) or ""
     # as bytes: compare_digest refuses non-ASCII str (a TypeError, a 500, for `csrf=é`)
-    if not sent or not hmac.compare_digest(sent.encode(), csrf_for(token).encode()):
+    if not sent or not hmac.compare_digest(sent.encode(), csrf_for(sid).encode()):
         raise Forbidden("the form's CSRF value is missing or stale; reload the page and retry")
     origin = request.headers.get("origin")
     if origin and not is_own_origin(request, origin):

@@ -15,7 +15,7 @@ from fastapi.templating import Jinja2Templates
 
 from controlplane.api.auth import Principal
 from controlplane.contracts import whole_number
-from controlplane.dashboard.session import can, csrf_for, principal_of, session_token
+from controlplane.dashboard.session import can, csrf_for, principal_of, session_id
 from controlplane.settings import GatewayEndpoint
 from controlplane.specs import Role
 
@@ -70,10 +70,10 @@ def render(
     **context: Any,
 ) -> HTMLResponse:
     started = getattr(request.state, "started", None) or time.perf_counter()
-    token = session_token(request)
+    sid = session_id(request)
     context |= {
         "principal": principal,
-        "csrf": csrf_for(token) if token and principal else "",
+        "csrf": csrf_for(sid) if sid and principal else "",
         "nav": NAV,
         "can_operate": principal is not None and can(principal, Role.operator),
         "is_admin": principal is not None and can(principal, Role.admin),

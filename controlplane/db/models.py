@@ -269,6 +269,21 @@ class ApiToken(ManagedMixin, Base):
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class DashboardSession(Base):
+    """A dashboard sign-in. The cookie carries a random id; only its SHA-256 is stored.
+    Logging out deletes the row, so a copy of the cookie stops working; a disabled, expired
+    or deleted token ends its sessions; each lasts `SESSION_LIFETIME` at most."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
 class BusProgress(Base):
     """How far the bus process has processed the reports stream, one row per durable
     consumer: the liveness check counts silence only up to `caught_up_at`."""

@@ -174,7 +174,10 @@ class DbSink:
     ) -> tuple[str | None, list[str]]:
         with transaction(self._factory) as session:
             _lock_deployments(session, state)
-            cluster = _cluster(session, name)
+            # locked (after its deployments, as a deployment write takes them): two bus
+            # processes recording two heartbeats of one plane at once both passed the
+            # check below, and the older one could commit last
+            cluster = _cluster(session, name, lock=True)
             if cluster is None:
                 return None, []
             if cluster.last_heartbeat_at and received_at < cluster.last_heartbeat_at:
@@ -326,8 +329,9 @@ def given_to(
     )
 
 
-def _cluster(session: Session, name: str) -> Cluster | None:
-    cluster = session.scalars(select(Cluster).where(Cluster.name == name)).first()
+def _cluster(session: Session, name: str, *, lock: bool = False) -> Cluster | None:
+    query = select(Cluster).where(Cluster.name == name)
+    cluster = session.scalars(query.with_for_update(of=Cluster) if lock else query).first()
     if cluster is None:
         log.warning("report from unknown cluster %s ignored", name)
     return cluster

@@ -22,6 +22,11 @@ def signed_in(client: TestClient, token: str) -> TestClient:
     return client
 
 
+def csrf_of(client: TestClient) -> str:
+    """The CSRF value of the client's session (what its pages carry)."""
+    return csrf_for(client.cookies[COOKIE])
+
+
 def test_pages_without_a_session_send_you_to_login_and_keep_where_you_were(app_client, tokens):
     answer = app_client.get("/pools?page=2", follow_redirects=False)
     assert answer.status_code == 303
@@ -48,12 +53,12 @@ def test_odd_queries_and_unknown_objects_are_4xx(app_client, tokens):
 
 def test_writes_need_the_csrf_value_the_role_and_sane_fields(app_client, tokens):
     client = signed_in(app_client, tokens["viewer"])
-    csrf = csrf_for(tokens["viewer"])
+    csrf = csrf_of(client)
     form = {"csrf": csrf, "generation": "1", "min_replicas": "1", "max_replicas": "2"}
     assert client.post("/deployments/x/autoscaling", data=form).status_code == 403
     assert client.post("/tokens", data={"csrf": csrf, "name": "a"}).status_code == 403
     client = signed_in(app_client, tokens["admin"])
-    csrf = csrf_for(tokens["admin"])
+    csrf = csrf_of(client)
     assert client.post("/tokens", data={"name": "a", "role": "viewer"}).status_code == 403
     assert client.post("/tokens", data={"csrf": csrf_for("other"), "name": "a"}).status_code == 403
     assert client.post("/tokens", data={"csrf": "é", "name": "a"}).status_code == 403  # was 500
@@ -80,7 +85,7 @@ def test_writes_need_the_csrf_value_the_role_and_sane_fields(app_client, tokens)
 
 def test_the_last_admin_token_cannot_be_disabled_from_the_page(app_client, tokens):
     client = signed_in(app_client, tokens["admin"])
-    answer = client.post("/tokens/admin-token/disable", data={"csrf": csrf_for(tokens["admin"])})
+    answer = client.post("/tokens/admin-token/disable", data={"csrf": csrf_of(client)})
     assert answer.status_code == 409, answer.text
     assert client.get("/tokens").status_code == 200  # still signed in
 
@@ -117,7 +122,7 @@ def test_a_gateway_or_router_that_does_not_answer_is_shown_down_never_a_500(
         listed = client.get("/deployments")
         assert listed.status_code == 200
         # the playground names what was picked, never its URL (a gateway's may hold a secret)
-        headers = {"X-CSRF-Token": csrf_for(tokens["viewer"])}
+        headers = {"X-CSRF-Token": csrf_of(client)}
         asked = {"cluster": "gateway:use1", "model": "m", "prompt": "hi"}
         down = client.post("/playground/stream", json=asked, headers=headers)
         assert down.status_code == 400 and "'gateway:use1' did not answer" in down.text
@@ -217,7 +222,7 @@ def test_behind_a_tls_proxy_login_and_writes_are_from_the_own_origin(app_client,
     app_client.cookies.set(COOKIE, answer.cookies[COOKIE])
     made = app_client.post(
         "/tokens",
-        data={"csrf": csrf_for(tokens["admin"]), "name": "ci-bot", "role": "viewer"},
+        data={"csrf": csrf_for(answer.cookies[COOKIE]), "name": "ci-bot", "role": "viewer"},
         headers=proxied,
         follow_redirects=False,
     )
@@ -226,7 +231,7 @@ def test_behind_a_tls_proxy_login_and_writes_are_from_the_own_origin(app_client,
     assert "default-src" in made.headers["content-security-policy"]
     forged = app_client.post(  # the header names no other host: another origin still is one
         "/tokens",
-        data={"csrf": csrf_for(tokens["admin"]), "name": "xy", "role": "viewer"},
+        data={"csrf": csrf_for(answer.cookies[COOKIE]), "name": "xy", "role": "viewer"},
         headers={"Origin": "https://evil.example", "X-Forwarded-Proto": "https"},
         follow_redirects=False,
     )

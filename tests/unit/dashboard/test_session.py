@@ -9,10 +9,10 @@ from controlplane.dashboard.session import csrf_for, integer
 from controlplane.errors import BadRequest
 
 
-def test_the_csrf_value_is_bound_to_the_token_and_reveals_nothing_of_it():
-    a, b = csrf_for("gpf_one"), csrf_for("gpf_two")
-    assert a != b and csrf_for("gpf_one") == a
-    assert "gpf_one" not in a and len(a) == 64
+def test_the_csrf_value_is_bound_to_the_session_and_reveals_nothing_of_it():
+    a, b = csrf_for("session-one"), csrf_for("session-two")
+    assert a != b and csrf_for("session-one") == a
+    assert "session-one" not in a and len(a) == 64
 
 
 @pytest.mark.parametrize(
