@@ -408,8 +408,12 @@ class Response:
             self.release()
 
     def cut(self, reason: str) -> None:
-        """End the body now (the replica stopped sending): ``body()`` raises UpstreamError."""
-        self._conn.cut(reason)
+        """End the body now (the replica stopped sending): ``body()`` raises UpstreamError.
+        Nothing once released: the connection may be back in the pool, carrying another
+        request's answer (a late cut, e.g. the client of a stream already continued
+        elsewhere leaving, broke that other request)."""
+        if not self._released:
+            self._conn.cut(reason)
 
     def discard(self) -> None:
         """Close the connection without reading the body: the response is not wanted."""

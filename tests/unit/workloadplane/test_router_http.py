@@ -134,6 +134,23 @@ async def test_upstream_keeps_its_connection_alive():
     assert pool.connections_opened == 1
 
 
+async def test_a_late_cut_of_a_released_answer_leaves_the_pooled_connection_alone():
+    """The gateway cut the answer a stream's client had been reading when that client left,
+    though the answer was released and its connection back in the pool: the request using
+    the connection then broke."""
+    async with serving() as port:
+        pool = UpstreamPool("127.0.0.1", port)
+        first = await pool.request("POST", "/p", body=b"1")
+        assert await first.read() == b"POST /p 1"
+        first.release()
+        second = await pool.request("POST", "/stream")  # on the same connection
+        first.cut("the client left")
+        assert await second.read() == b"data: 1\n\ndata: [DONE]\n\n"
+        second.release()
+        pool.close()
+    assert pool.connections_opened == 1
+
+
 async def test_abort_fails_the_exchange_even_while_connecting():
     """A hung replica: the connection is accepted (backlog) but nothing answers."""
     hung = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
