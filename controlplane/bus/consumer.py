@@ -28,13 +28,15 @@ from controlplane.contracts import (
     RejectedMessageError,
     cluster_from_subject,
     decode_report,
-    observed_subject,
     utcnow,
 )
 
 log = logging.getLogger(__name__)
 
 DURABLE_NAME = "gpufleet-controlplane"
+SUPERSEDED_AFTER_S = 1.0
+"""A heartbeat stored at least this long before it is handled waited behind a backlog: only
+then is the server asked whether a newer one of the same plane is in the stream."""
 ASK_AGAIN_AFTER_S = 60.0
 """After the server could not name a plane's newest heartbeat, how long queued heartbeats
 are all recorded before it is asked again."""
@@ -177,6 +179,7 @@ class ReportConsumer:
         ack_wait_s: float = 30.0,
         redeliver_delay_s: float = 1.0,
         max_sink_tries: int = 20,
+        superseded_after_s: float = SUPERSEDED_AFTER_S,
     ) -> None:
         self._js = js
         self._sink = sink
@@ -186,6 +189,7 @@ class ReportConsumer:
         self._ack_wait_s = ack_wait_s
         self._redeliver_delay_s = redeliver_delay_s
         self._max_sink_tries = max_sink_tries
+        self._superseded_after_s = superseded_after_s
         self._sub: JetStreamContext.PushSubscription | None = None
         self._newest: dict[str, tuple[int, datetime]] = {}  # subject → newest (seq, stored)
         self._ask_after = 0.0  # monotonic: when the server may be asked again after a failure
@@ -228,7 +232,8 @@ class ReportConsumer:
         kept (sequence and time stored): one older than it in both needs no question. Both,
         because a stream made again (NATS back on an empty store) numbers from 1 again."""
         seq, stored = _stream_seq(msg), _stored_at(msg)
-        if seq is None or stored is None or msg.subject != observed_subject(cluster):
+        # the subject as a string: an invalid cluster token is rejected below, not here
+        if seq is None or stored is None or msg.subject != f"{SUBJECT_PREFIX}.cluster.{cluster}.observed":  # fmt: skip
             return False
         known = self._newest.get(msg.subject)
         if known is not None and seq < known[0] and stored <= known[1]:
@@ -238,6 +243,10 @@ class ReportConsumer:
         except Exception:
             waiting = False
         if not waiting and not (self._sub is not None and self._sub.pending_msgs > 0):
+            return False
+        # with many planes more reports nearly always wait: only a heartbeat that waited
+        # (a backlog) is worth the question, not every one
+        if (self._clock() - stored).total_seconds() < self._superseded_after_s:
             return False
         if time.monotonic() < self._ask_after:
             return False

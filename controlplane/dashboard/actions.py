@@ -93,7 +93,12 @@ def actions_router() -> APIRouter:
                 "token (gpf_…): the admin token `gpufleet up` printed, or one an admin made.",
             )  # fmt: skip
         store: SessionStore = request.app.state.dashboard_sessions
-        sid = await run_in_threadpool(store.open, principal.token_id)
+        sid = await run_in_threadpool(store.open, principal.token_id, session_id(request))
+        if sid is None:  # deleted since the verifier's cache saw it
+            return render(
+                request, "login.html", None, status_code=401, next=target,
+                error="That token was just deleted. Paste another API token.",
+            )  # fmt: skip
         response = RedirectResponse(target, status_code=303)
         set_session(response, request, sid)
         return response
@@ -204,6 +209,7 @@ def actions_router() -> APIRouter:
 
             await run_in_threadpool(write)
             request.app.state.verifier.forget()
+            request.app.state.dashboard_sessions.forget()
         except ControlPlaneError as error:
             return _problem(request, error)
         return Response(status_code=200, headers={"HX-Refresh": "true"})

@@ -281,7 +281,7 @@ class DashboardSession(Base):
         ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    expires_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class BusProgress(Base):

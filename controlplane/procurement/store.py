@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -280,6 +280,20 @@ def record_failure(
             row.state, row.error = "failed", str(exc)
     if backoff.block is not None and backoff.until is not None:
         _block(session, pool, backoff.block, backoff.until, exc, now)
+
+
+def give_up(session: Session, row_ids: Sequence[str], why: str) -> int:
+    """Requests the sweep will not resume (their pool is blocked): `failed`, so they no
+    longer count as capacity on its way; the plan asks again once the block is over, if
+    it still wants them. An instance a provider makes later under one of their keys is an
+    orphan, deleted by the sweep. How many were given up."""
+    given = 0
+    for row_id in row_ids:
+        row = session.get(Instance, row_id, with_for_update=True)
+        if row is not None and row.state == "requested":
+            row.state, row.error = "failed", why[:255]
+            given += 1
+    return given
 
 
 def _block(

@@ -267,11 +267,11 @@ def _refresh_offers(d: Deps) -> int:
 
 def reconcile_run(d: Deps) -> dict[str, int]:
     """Level-based repair against each provider's list (`core.repair`): adopt instances
-    whose recording was lost, resume stale requests with their keys (not while their pool
-    is blocked: `held`), mark vanished
+    whose recording was lost, resume stale requests with their keys (those of a blocked
+    pool are given up), mark vanished
     instances gone, finish releases, delete orphans (launched for a key we gave up).
     Re-plans when capacity moved."""
-    counts = {"adopted": 0, "resumed": 0, "held": 0, "gone": 0, "released": 0, "orphans": 0}
+    counts = {"adopted": 0, "resumed": 0, "given_up": 0, "gone": 0, "released": 0, "orphans": 0}
     with single_flight(d, "reconcile") as mine:
         if mine:
             _reconcile(d, counts)
@@ -298,15 +298,20 @@ def _reconcile(d: Deps, counts: dict[str, int]) -> None:
             counts["adopted"] += sum(store.record_adopted(session, a) for a in todo.adopt)
             counts["gone"] += sum(store.record_gone(session, row_id) for row_id in todo.gone)
             pools = {p: session.get_one(Pool, p) for p in todo.resume}
-            # a blocked pool gets no new instance, a resumed request neither: it waits (still
-            # `requested`) for a sweep after the block
-            held = {p for p, pool in pools.items() if store.blocked_reason(pool, listed_at)}
+            # a blocked pool gets no new instance, a resumed request neither: given up (the
+            # plan asks again after the block if it still wants them)
+            blocked = {p: why for p, pool in pools.items()
+                       if (why := store.blocked_reason(pool, listed_at))}  # fmt: skip
+            for pool_id, why in blocked.items():
+                rows = [row for row, _ in todo.resume[pool_id]]
+                counts["given_up"] += store.give_up(
+                    session, rows, f"not resumed: the pool is blocked ({why})"
+                )
         for instance_id in todo.release:
             release_run(d, instance_id)
             counts["released"] += 1
         for pool_id, launch in todo.resume.items():
-            if pool_id in held:
-                counts["held"] += len(launch)
+            if pool_id in blocked:
                 continue
             _launch(d, pools[pool_id], list(launch))
             counts["resumed"] += len(launch)

@@ -331,7 +331,10 @@ def given_to(
 
 def _cluster(session: Session, name: str, *, lock: bool = False) -> Cluster | None:
     query = select(Cluster).where(Cluster.name == name)
-    cluster = session.scalars(query.with_for_update(of=Cluster) if lock else query).first()
+    # FOR NO KEY UPDATE: two heartbeats of one plane still wait for each other, inserts of
+    # rows that refer to the cluster (replicas, placements, instances) do not
+    locked = query.with_for_update(of=Cluster, key_share=True)
+    cluster = session.scalars(locked if lock else query).first()
     if cluster is None:
         log.warning("report from unknown cluster %s ignored", name)
     return cluster

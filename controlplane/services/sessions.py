@@ -23,6 +23,9 @@ SESSION_LIFETIME = timedelta(hours=12)
 """How long a dashboard sign-in lasts (then the token is asked for again)."""
 MAX_SESSION_ID = 64
 """A cookie longer than any id we hand out is no session (and is not hashed)."""
+MAX_PER_TOKEN = 50
+"""Sessions one token keeps (its oldest end as new ones open): a token signing in in a loop
+does not grow the table."""
 
 
 class SessionStore:
@@ -40,16 +43,36 @@ class SessionStore:
         self._factory, self._ttl_s, self._lifetime, self._clock = factory, ttl_s, lifetime, clock
         self._cache: dict[str, tuple[float, ValidToken]] = {}
 
-    def open(self, token_id: str) -> str:
-        """A new session for the token; its id (the cookie's value). Expired sessions are
-        dropped on the way."""
+    def open(self, token_id: str, replacing: str | None = None) -> str | None:
+        """A new session for the token; its id (the cookie's value), or None when the token
+        is gone (deleted since it was verified). ``replacing``: the session the browser
+        held before, ended. Expired sessions are dropped on the way, and a token keeps its
+        ``MAX_PER_TOKEN`` newest sessions."""
         session_id = secrets.token_urlsafe(32)
         now = self._clock()
         with self._factory() as db, db.begin():
+            if db.get(ApiToken, token_id, with_for_update={"key_share": True}) is None:
+                return None
             db.execute(delete(DashboardSession).where(DashboardSession.expires_at <= now))
+            if replacing and len(replacing) <= MAX_SESSION_ID:
+                self._cache.pop(hash_token(replacing), None)
+                db.execute(delete(DashboardSession).where(
+                    DashboardSession.id_hash == hash_token(replacing)))  # fmt: skip
+            kept = (
+                select(DashboardSession.id_hash)
+                .where(DashboardSession.token_id == token_id)
+                .order_by(DashboardSession.created_at.desc())
+                .limit(MAX_PER_TOKEN - 1)
+            )
+            db.execute(delete(DashboardSession).where(
+                DashboardSession.token_id == token_id, DashboardSession.id_hash.not_in(kept)))  # fmt: skip
             db.add(DashboardSession(id_hash=hash_token(session_id), token_id=token_id,
                                     created_at=now, expires_at=now + self._lifetime))  # fmt: skip
         return session_id
+
+    def forget(self) -> None:
+        """Drop the cache (a token was disabled or deleted here: its sessions end at once)."""
+        self._cache.clear()
 
     def token(self, session_id: str) -> ValidToken | None:
         """The token the session speaks for; None once the session ended or expired, or its

@@ -7,10 +7,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from controlplane.db.models import ApiToken
+from controlplane.db.models import ApiToken, DashboardSession
 from controlplane.errors import Unauthenticated
 from controlplane.services import inventory
 from controlplane.services.audit import record
@@ -68,6 +68,8 @@ def set_disabled(session: Session, ref: str, disabled: bool, actor: inventory.Ac
     if disabled and row.role == Role.admin:
         keep_one_admin(session, row, "disable")
     row.disabled = disabled
+    if disabled:  # its dashboard sessions end for good, not only while it stays disabled
+        session.execute(delete(DashboardSession).where(DashboardSession.token_id == row.id))
     record(
         session,
         actor=actor.name,

@@ -38,8 +38,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id_hash", name="pk_dashboard_sessions"),
     )
     op.create_index("ix_dashboard_sessions_token_id", "dashboard_sessions", ["token_id"])
+    op.create_index("ix_dashboard_sessions_expires_at", "dashboard_sessions", ["expires_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_dashboard_sessions_expires_at", table_name="dashboard_sessions")
     op.drop_index("ix_dashboard_sessions_token_id", table_name="dashboard_sessions")
     op.drop_table("dashboard_sessions")

@@ -6,11 +6,13 @@ unread; facts are all recorded, in order."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from controlplane.bus import InMemorySink, ReportConsumer
 from controlplane.bus.consumer import SUPERSEDED
-from controlplane.contracts import DesiredStateApplied, ObservedState, encode
+from controlplane.contracts import DesiredStateApplied, ObservedState, encode, utcnow
 from tests.integration.bus.conftest import Bus, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -46,7 +48,8 @@ async def test_a_backlog_of_heartbeats_costs_one_record_per_plane(bus: Bus):
         await _publish(bus, name, queued)
 
     sink = InMemorySink()
-    consumer = ReportConsumer(bus.js, sink)
+    # the consumer's clock 5 s ahead: the queued heartbeats read as having waited
+    consumer = ReportConsumer(bus.js, sink, clock=lambda: utcnow() + timedelta(seconds=5))
     skipped = SUPERSEDED._value.get()
     await consumer.start()
     try:

@@ -9,13 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from controlplane.dashboard.session import COOKIE, csrf_for
 from controlplane.db.models import ApiToken, DashboardSession
-from controlplane.services.inventory import Actor, hash_token
-from controlplane.services.sessions import SESSION_LIFETIME, SessionStore
-from controlplane.services.tokens import set_disabled
+from controlplane.services.inventory import hash_token
+from controlplane.services.sessions import MAX_PER_TOKEN, SESSION_LIFETIME, SessionStore
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +45,8 @@ def test_the_cookie_is_a_session_id_stored_hashed_never_the_token(
 
 def test_logging_out_ends_the_session_and_every_copy_of_its_cookie(app_client, tokens):
     cookie = sign_in(app_client, tokens["admin"])
-    other = sign_in(app_client, tokens["admin"])  # a second sign-in of the same token
+    app_client.cookies.clear()
+    other = sign_in(app_client, tokens["admin"])  # another browser, the same token
     assert lets_in(app_client, cookie)
     out = app_client.post("/logout", data={"csrf": csrf_for(cookie)}, follow_redirects=False)
     assert out.status_code == 303 and out.headers["location"] == "/login"
@@ -54,13 +54,40 @@ def test_logging_out_ends_the_session_and_every_copy_of_its_cookie(app_client, t
     assert lets_in(app_client, other), "only that session ended"
 
 
-def test_a_disabled_token_ends_its_sessions(app_client, tokens, session_factory):
-    app_client.app.state.dashboard_sessions = SessionStore(session_factory, ttl_s=0)
-    cookie = sign_in(app_client, tokens["viewer"])
-    assert lets_in(app_client, cookie)
-    with session_factory() as db, db.begin():
-        set_disabled(db, "viewer-token", True, Actor("test"))
-    assert not lets_in(app_client, cookie)
+def test_signing_in_again_in_one_browser_ends_the_session_it_held(app_client, tokens):
+    first = sign_in(app_client, tokens["viewer"])
+    second = sign_in(app_client, tokens["admin"])  # the browser sends the first cookie
+    assert not lets_in(app_client, first) and lets_in(app_client, second)
+
+
+def test_a_token_disabled_from_the_dashboard_ends_its_sessions_for_good(app_client, tokens):
+    viewer = sign_in(app_client, tokens["viewer"])
+    app_client.cookies.clear()
+    admin = sign_in(app_client, tokens["admin"])
+    assert lets_in(app_client, viewer)  # read now: in this process's cache
+    app_client.cookies.set(COOKIE, admin)
+    for verb in ("disable", "enable"):
+        done = app_client.post(f"/tokens/viewer-token/{verb}", data={"csrf": csrf_for(admin)})
+        assert done.status_code == 200, done.text
+        # at once, not after the cache time; and enabling it again revives no session
+        assert not lets_in(app_client, viewer), f"after {verb}"
+        app_client.cookies.set(COOKIE, admin)
+    assert sign_in(app_client, tokens["viewer"])  # the token itself signs in again
+
+
+def test_sessions_per_token_are_bounded_and_a_deleted_token_opens_none(session_factory, tokens):
+    store = SessionStore(session_factory, ttl_s=0)
+    with session_factory() as db:
+        token_id = db.scalars(select(ApiToken.id).where(ApiToken.name == "viewer-token")).one()
+    first = store.open(token_id)
+    assert first is not None
+    opened = [store.open(token_id) for _ in range(MAX_PER_TOKEN)]
+    assert store.token(first) is None, "the oldest ended"
+    assert all(sid is not None and store.token(sid) for sid in opened)
+    with session_factory() as db:
+        count = db.scalar(select(func.count()).select_from(DashboardSession))
+    assert count == MAX_PER_TOKEN
+    assert store.open("no-such-token-id") is None  # deleted since it was verified
 
 
 def test_a_session_lasts_its_lifetime_then_its_row_goes(session_factory, tokens):
@@ -69,6 +96,7 @@ def test_a_session_lasts_its_lifetime_then_its_row_goes(session_factory, tokens)
     with session_factory() as db:
         token_id = db.scalars(select(ApiToken.id).where(ApiToken.name == "viewer-token")).one()
     first = store.open(token_id)
+    assert first is not None
     now[0] += SESSION_LIFETIME - timedelta(seconds=1)
     assert store.token(first) is not None
     now[0] += timedelta(seconds=1)

@@ -97,10 +97,9 @@ def test_the_sweep_adopts_an_instance_whose_recording_was_lost(factory, fleet, l
     )
 
 
-def test_the_sweep_does_not_resume_a_request_while_its_pool_is_blocked(
-    factory, fleet, local, sent, clock
-):
-    """A blocked pool gets no new instances: a stale request was resumed all the same."""
+def test_the_sweep_gives_up_a_stale_request_of_a_blocked_pool(factory, fleet, local, sent, clock):
+    """A blocked pool gets no new instances: a stale request was resumed all the same. It
+    is given up (no longer counted as capacity on its way); the plan asks again later."""
     pool = fleet.pool()
     with pytest.raises(WorkerKilled):  # the second key is never sent
         tasks.acquire_run(make_deps(factory, Flaky(local, die_after=1), sent, clock), pool, 2, "t")
@@ -110,11 +109,14 @@ def test_the_sweep_does_not_resume_a_request_while_its_pool_is_blocked(
     assert tasks.acquire_run(make_deps(factory, no_more, sent, clock), pool, 1, "u").error
     clock.advance(101)  # the request is stale; the pool is exhausted for 199 s more
     counts = tasks.reconcile_run(make_deps(factory, local, sent, clock))
-    assert (counts["resumed"], counts["held"]) == (0, 1)
+    assert (counts["resumed"], counts["given_up"]) == (0, 1)
     assert len(local.list_instances()) == 1
-    clock.advance(200)  # the block is over: the request goes out with its own key
-    assert tasks.reconcile_run(make_deps(factory, local, sent, clock))["resumed"] == 1
-    assert len(local.list_instances()) == 2
+    assert sorted(r.state for r in rows(factory)) == ["failed", "failed", "running"]
+    given = next(r for r in rows(factory) if r.error and "not resumed" in r.error)
+    assert "the pool is blocked (exhausted)" in (given.error or "")
+    clock.advance(200)  # after the block nothing is launched for it
+    assert tasks.reconcile_run(make_deps(factory, local, sent, clock))["resumed"] == 0
+    assert len(local.list_instances()) == 1
 
 
 def test_plans_never_ask_twice_for_the_same_gpus(factory, fleet, local, sent, clock):
