@@ -228,9 +228,10 @@ class ReportConsumer:
         its planes for a while) each plane's queued heartbeats then cost one database write,
         not one each, and the bus catches up with every plane at once.
 
-        The server is asked only while more reports wait. The newest heartbeat it names is
-        kept (sequence and time stored): one older than it in both needs no question. Both,
-        because a stream made again (NATS back on an empty store) numbers from 1 again."""
+        The server is asked only while more reports wait and this heartbeat waited
+        (``superseded_after_s``). The newest heartbeat it names is kept (sequence and time
+        stored): one older than it in both needs no question. Both, because a stream made
+        again (NATS back on an empty store) numbers from 1 again."""
         seq, stored = _stream_seq(msg), _stored_at(msg)
         # the subject as a string: an invalid cluster token is rejected below, not here
         if seq is None or stored is None or msg.subject != f"{SUBJECT_PREFIX}.cluster.{cluster}.observed":  # fmt: skip
