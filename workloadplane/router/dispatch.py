@@ -92,13 +92,13 @@ class Dispatcher:
             entry, backend = await self._acquire(entry, ticket, gone, deadline, retry=attempt > 0)
             try:
                 resp = await self._send(backend, ticket, request, gone)
-            except ClientGoneError:
-                self.router.release(backend, ticket)
-                raise
             except UpstreamError as exc:
                 last_error = exc
                 self._failed(backend, ticket, str(exc), "before_first_byte")
                 continue
+            except BaseException:  # the client went, or this dispatch was cancelled
+                self.router.release(backend, ticket)
+                raise
             if resp.status in RETRYABLE_STATUS and attempt + 1 < self.config.max_attempts:
                 resp.discard()
                 self._failed(backend, ticket, f"answered {resp.status}", f"status_{resp.status}")
@@ -159,6 +159,14 @@ class Dispatcher:
         )
         try:
             await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # this dispatch was cancelled: leave the queue, and
+            # give back a slot got meanwhile (the waiting task would take one for nobody)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if not task.cancelled() and task.exception() is None:
+                router.release(task.result(), ticket)
+            raise
         finally:
             dm.queue_depth.set(len(entry.queue))
         if not task.done():

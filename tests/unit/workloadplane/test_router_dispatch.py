@@ -229,6 +229,39 @@ async def test_a_client_that_hangs_up_while_a_replica_works_frees_its_slot_and_i
         router.close()
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["waiting-for-a-head", "in-the-queue"])
+async def test_a_cancelled_dispatch_leaves_no_slot_taken(queued: bool):
+    """A dispatch cancelled while it waited for a replica's head kept that replica's slot for
+    good; one cancelled in the queue left a waiter that took the next free slot for nobody
+    (the replica looked busy, drains waited, the autoscaler saw load)."""
+    seen: list[str] = []
+    replica = HttpServer(holding_replica(seen))
+    port = free_port()
+    await replica.start("127.0.0.1", port)
+    router, dispatcher, _ = plane([f"http://127.0.0.1:{port}"], concurrency_override=1,
+                                  queue_max_wait_s=30)  # fmt: skip
+    try:
+        entry, blocker = router.deployments["chat"], Ticket(tier=1)
+        if queued:
+            assert router.try_acquire(entry, blocker) is not None
+        task = asyncio.create_task(dispatcher.dispatch(entry, Ticket(tier=1), REQUEST, never_gone))
+        if queued:
+            await until(lambda: len(entry.queue) == 1, "the request to queue")
+        else:
+            await until(lambda: seen == ["request"], "the replica to get the request")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if queued:
+            assert not entry.queue
+            router.release(router.backends["r0"], blocker)
+        await until(lambda: router.load("chat") == (0, 0), "no slot taken")
+        assert router.try_acquire(entry, Ticket(tier=1)) is not None, "the slot is free"
+    finally:
+        await replica.close(grace_s=1)
+        router.close()
+
+
 def stalling_stream_replica(seen: list[str]):
     """A replica that answers a stream's head and first event, then sends nothing more
     (a generation stalled; its /health still answers), until the router hangs up."""
