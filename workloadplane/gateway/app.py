@@ -356,6 +356,11 @@ class GatewayApp:
                         opened.resp, a.stream, send, client, ours, f"plane {opened.plane.cluster}"
                     )
                     sent = relayed.size
+                except UpstreamError as exc:  # it broke before its body: nothing went out
+                    status = errors.BAD_GATEWAY[0]
+                    message = f"plane {plane} failed before its answer's body: {exc}"
+                    body = errors.error_body(message, errors.BAD_GATEWAY[1], "upstream_failed")
+                    await respond(send, status, body, extra=(rid,))
                 finally:
                     opened.plane.attempts.discard(opened.attempt)
         except ClientGoneError:

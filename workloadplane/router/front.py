@@ -191,8 +191,9 @@ async def relay(
     Raises ``ClientGoneError`` when the client left. ``what``: the upstream, for the log."""
     out = [(n, v) for n, v in resp.headers if n not in DROP_RESPONSE]
     out += headers
-    await send({"type": "http.response.start", "status": resp.status, "headers": out})
+    head = {"type": "http.response.start", "status": resp.status, "headers": out}
     if not stream and (whole := resp.whole()) is not None:  # all here: one write, no loop
+        await send(head)
         resp.release()
         size = len(whole)
         first = time.perf_counter() if size else 0.0
@@ -201,7 +202,11 @@ async def relay(
             raise ClientGoneError
         return Relayed(size, 0, first, whole if size <= 65536 else b"", True)
     gone = client.watching
-    if stream:  # the head goes out now; else it leaves with the body, in one write
+    # a stream's head goes out now; any other's with its first chunk (one write): an answer
+    # that breaks before it can still be answered whole, a 502 (it was a plain-text 500)
+    held = not stream
+    if stream:
+        await send(head)
         await send(FLUSH)
         gone = client.gone()
 
@@ -213,6 +218,9 @@ async def relay(
     r = Relayed()
     try:
         async for chunk in resp.body():
+            if held:
+                await send(head)
+                held = False
             if not r.first:
                 r.first = time.perf_counter()
             r.size += len(chunk)
@@ -228,6 +236,10 @@ async def relay(
     except UpstreamError as exc:
         if gone is not None and gone.done():
             raise ClientGoneError from exc
+        if held:  # nothing of it went out: the caller answers 502, counted
+            raise UpstreamError(
+                f"the replica's answer broke before its body ({exc})", before_first_byte=False
+            ) from exc
         log.warning("%s: the stream broke after the first byte: %s", what, exc)
         if stream:  # no [DONE]: the client must not take a cut stream for a whole one
             await send_stream_error(
@@ -244,6 +256,8 @@ async def relay(
         resp.release()
         if stream:
             client.close()
+    if held:  # an empty body
+        await send(head)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return r
 

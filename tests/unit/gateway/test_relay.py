@@ -75,6 +75,9 @@ class ScriptedPlane(asyncio.Protocol):
         elif kind == "until_close":  # no length: the body ends when the plane closes
             self.transport.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n" + arg)
             self.transport.close()
+        elif kind == "head_close":  # a head promising 100 bytes, none of them, then gone
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")
+            self.transport.close()
         elif kind == "head_stall":  # a head promising 100 bytes, 10 of them, then silence
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
         elif kind == "sse_silent":  # a stream's head and first event, then silence
@@ -473,6 +476,22 @@ async def test_a_plain_answer_that_breaks_on_the_task_path_closes_the_connection
                 await client.answer()
     finally:
         taken.close()
+
+
+async def test_a_plain_answer_that_breaks_before_its_body_on_the_task_path_is_a_502(fleet):
+    """Nothing of the answer went out: the client gets an OpenAI-shaped 502 (it was a
+    plain-text 500 and a traceback in the log)."""
+    front, a, b, client = fleet
+    taken = front.state.planes["a"].pool.take_idle()  # no idle connection: the task path
+    assert taken is not None
+    a.script.append(("head_close", b""))
+    try:
+        status, headers, body = await client.ask()
+    finally:
+        taken.close()
+    assert status == 502 and headers[b"x-request-id"]
+    assert json.loads(body)["error"]["code"] == "upstream_failed"
+    assert b.requests == 0  # it may have run on a: never run twice
 
 
 async def test_when_every_attempt_finds_a_busy_plane_the_client_gets_the_last_429(fleet):

@@ -262,6 +262,43 @@ async def test_a_cancelled_dispatch_leaves_no_slot_taken(queued: bool):
         router.close()
 
 
+async def test_an_answer_that_breaks_before_its_body_is_an_openai_shaped_502():
+    """A replica that sends a non-streamed answer's head and then closes: the client got a
+    plain-text 500 without its request id, and the request was not counted."""
+
+    async def head_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    replica = await asyncio.start_server(head_then_close, "127.0.0.1", 0)
+    port = replica.sockets[0].getsockname()[1]
+    router, dispatcher, metrics = plane([f"http://127.0.0.1:{port}"])
+    front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
+    await front.start("127.0.0.1", front_port)
+    try:
+        body = b'{"model": "chat", "prompt": "hi"}'
+        reader, writer = await asyncio.open_connection("127.0.0.1", front_port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\nx-request-id: rq-7\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+                     % (len(body), body))  # fmt: skip
+        async with asyncio.timeout(5):
+            answer = await reader.read(65536)
+            while b"upstream_failed" not in answer and not reader.at_eof():
+                answer += await reader.read(65536)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 502"), answer[:200]
+        assert b"x-request-id: rq-7" in answer.lower()
+        assert b'"type": "upstream_error"' in answer or b'"upstream_failed"' in answer
+        assert answered(metrics, "502") == 1
+    finally:
+        await front.close(grace_s=1)
+        replica.close()
+        router.close()
+
+
 def stalling_stream_replica(seen: list[str]):
     """A replica that answers a stream's head and first event, then sends nothing more
     (a generation stalled; its /health still answers), until the router hangs up."""
