@@ -410,14 +410,20 @@ class GatewayState:
                 if a.started and a.cut is not None and silent and self._elsewhere(a, cluster):
                     a.cut_here = True
                     a.cut(f"plane {cluster} stopped answering: {reason}")
-        if not plane.health.failed(self.clock(), reason):
+        ejected = plane.health.failed(self.clock(), reason)
+        if ejected:
+            log.warning("plane %s out of rotation: %s", cluster, reason)
+            self.metrics.ejections.labels(cluster).inc()
+            why = f"plane {cluster} out of rotation: {reason}"
+        elif hung and plane.health.ejected:  # out already, and still hung: a try made
+            # anyway (no plane in rotation) would wait for a head until its client left
+            why = f"plane {cluster} stopped answering: {reason}"
+        else:
             return False
-        log.warning("plane %s out of rotation: %s", cluster, reason)
-        self.metrics.ejections.labels(cluster).inc()
         for a in list(plane.attempts):
             if not a.started and a.cancel is not None:
-                a.cancel(f"plane {cluster} out of rotation: {reason}")
-        return True
+                a.cancel(why)
+        return ejected
 
     def _elsewhere(self, attempt: Attempt, cluster: str) -> bool:
         """Another plane in rotation may take ``attempt`` now. If none may, cutting it would

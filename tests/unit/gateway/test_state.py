@@ -185,6 +185,26 @@ def test_a_late_probe_leaves_a_silent_stream_that_could_only_come_back_to_its_pl
     state.close()
 
 
+def test_a_last_resort_try_on_an_ejected_plane_that_stays_hung_is_given_up(tmp_path: Path):
+    """With no plane in rotation a request is tried anyway on an ejected one; if that one is
+    hung (its router stopped: the kernel still takes connections), the try waited until the
+    client left. A late probe of that plane now gives up its tries that got no byte."""
+    clock = Clock()
+    state = GatewayState("r", clock, RoutesStore(tmp_path))
+    assert state.apply_table(table(1, planes={"a": "US"}))
+    assert state.failed("a", "connection refused")  # out of rotation
+    cancels: list[str] = []
+    state.planes["a"].attempts.add(Attempt("chat1", cancel=cancels.append))  # tried anyway
+    clock.now += 1.0
+    assert not state.probe_failed("a", "health probe: timed out", clock.now - 0.5)
+    assert len(cancels) == 1 and "stopped answering" in cancels[0]
+    started = Attempt("chat1", started=True, cancel=cancels.append)
+    state.planes["a"].attempts = {started}  # a try with its head: left to its own deadlines
+    state.failed("a", "connection refused")  # refused is not hung: nothing given up
+    assert len(cancels) == 1
+    state.close()
+
+
 def _ranked(state: GatewayState, deployment: str = "chat1") -> list[str]:
     choice = state.choose(deployment, None, frozenset())
     assert choice is not None
