@@ -270,19 +270,22 @@ class RouterApp:
         ticket = Ticket(tier=self.config.tiers - 1)  # the least urgent tier
         first, complete, status = 0.0, False, 0
         try:
-            exchange = await self.dispatcher.dispatch(shadow, ticket, forward, lambda: never_gone)
-            try:
-                status = exchange.response.status
-                async for _ in exchange.response.body():
-                    first = first or time.perf_counter()
-                complete = True
-            finally:
-                exchange.close()
+            async with asyncio.timeout(self.config.shadow_timeout_s):
+                exchange = await self.dispatcher.dispatch(
+                    shadow, ticket, forward, lambda: never_gone
+                )
+                try:
+                    status = exchange.response.status
+                    async for _ in exchange.response.body():
+                        first = first or time.perf_counter()
+                    complete = True
+                finally:
+                    exchange.close()
         except (QueueFullError, QueueTimeoutError, NoCapacityError, DeploymentGoneError):
             self.metrics.shadow.labels(shadow.name, "dropped").inc()
             self.router.count_dropped(shadow.name)
             return
-        except UpstreamError:
+        except (UpstreamError, TimeoutError):  # an error, counted below
             pass
         except Exception:  # a shadow must never hurt the router
             log.exception("shadow request to %s failed", shadow.name)

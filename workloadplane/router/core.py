@@ -75,6 +75,10 @@ class RouterConfig:
     shadow_max_in_flight: int = 32
     """Copies to shadow lanes in flight at once, all lanes together; more are dropped (and
     counted): a shadow never holds the router's memory or the user's request."""
+    shadow_timeout_s: float = 600.0
+    """A copy to a shadow lane taking longer (queue, head and body) is ended and counted an
+    error: stuck copies held every permit, so later ones were all dropped, and the
+    comparison never saw the hang."""
 
     @property
     def hung_deadline_s(self) -> float:

@@ -299,6 +299,44 @@ async def test_an_answer_that_breaks_before_its_body_is_an_openai_shaped_502():
         router.close()
 
 
+async def test_a_shadow_copy_that_hangs_is_ended_at_its_deadline_and_counted_an_error():
+    """Copies to a shadow lane had no deadline: a hung one held its permit for good (later
+    copies were all dropped) and was never counted, so the comparison never saw the hang."""
+    seen: list[str] = []
+    replica = HttpServer(holding_replica(seen))
+    port = free_port()
+    await replica.start("127.0.0.1", port)
+    router = Router(RouterConfig(shadow_timeout_s=0.3))
+    lane = DeploymentDesired(name="chat--r3", spec=RevisionSpec(model_id="chat", revision="r3"),
+                             quota=ReplicaQuota(min=0, max=1), serves="chat", traffic_share=1.0,
+                             mirror=True)  # fmt: skip
+    main = DeploymentDesired(name="chat", spec=RevisionSpec(model_id="chat", revision="r1"),
+                             quota=ReplicaQuota(min=0, max=1))  # fmt: skip
+    router.set_deployments([main, lane])
+    router.set_replicas([ReplicaStatus(replica_id="s0", deployment="chat--r3", revision="r3",
+                                       state="ready", endpoint=f"http://127.0.0.1:{port}")])  # fmt: skip
+    metrics = RouterMetrics()
+    app = RouterApp(router, Dispatcher(router, metrics), metrics)
+    try:
+        chat = router.resolve("chat")
+        assert chat is not None
+        (shadow,) = router.shadows_for(chat)
+        app._mirror(shadow, REQUEST)
+        await until(lambda: seen == ["request"], "the copy to reach the replica")
+        await until(lambda: not app._shadows, "the copy to end at its deadline")
+        errors = metrics.registry.get_sample_value(
+            "gpufleet_router_shadow_requests_total", {"deployment": "chat--r3", "outcome": "error"}
+        )
+        assert errors == 1
+        counted = router.outcomes("chat--r3")
+        assert counted is not None and counted.errors == 1
+        assert router.load("chat--r3") == (0, 0), "its slot is free"
+    finally:
+        await app.close_shadows()
+        await replica.close(grace_s=1)
+        router.close()
+
+
 def stalling_stream_replica(seen: list[str]):
     """A replica that answers a stream's head and first event, then sends nothing more
     (a generation stalled; its /health still answers), until the router hangs up."""
