@@ -58,9 +58,13 @@ class RouterConfig:
     """A replica that stops answering is ejected within ``hung_deadline_s`` (interval +
     timeout: 1.5 s), and a stream flowing from it is ended then with an SSE error event."""
     readmit_after: int = 2
-    first_byte_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 30.0
     """Deadline for the response head of a streaming request (non-streaming heads come
-    only when generation ends, so they rely on the probes)."""
+    only when generation ends, so they rely on the probes). Past it the request is retried
+    on another replica, which is not ejected: vLLM sends a stream's head after the prompt's
+    preprocessing (chat template, tokenizing, fetching images), and a 2 s deadline that
+    ejected took healthy replicas out one by one on long prompts. A hung replica is the
+    probes' to eject (``hung_deadline_s``), which ends its waiting requests at once."""
     max_attempts: int = 4
     prefix_min_chars: int = 256
     prefix_chars: int = 1024

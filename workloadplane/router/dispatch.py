@@ -28,7 +28,7 @@ from typing import Any
 from workloadplane.router.core import Backend, DeploymentEntry, DeploymentGoneError, Router, Ticket
 from workloadplane.router.front import ClientGoneError
 from workloadplane.router.metrics import RouterMetrics
-from workloadplane.router.upstream import Abort, Response, UpstreamError
+from workloadplane.router.upstream import Abort, HeadTimeout, Response, UpstreamError
 
 __all__ = ["ClientGone", "ClientGoneError", "Dispatcher", "Exchange", "Forward"]
 
@@ -92,6 +92,11 @@ class Dispatcher:
             entry, backend = await self._acquire(entry, ticket, gone, deadline, retry=attempt > 0)
             try:
                 resp = await self._send(backend, ticket, request, gone)
+            except HeadTimeout as exc:  # slow to begin, maybe not dead: the probes decide
+                last_error = exc
+                self.router.release(backend, ticket)
+                self.metrics.retries.labels(backend.deployment, "head_timeout").inc()
+                continue
             except UpstreamError as exc:
                 last_error = exc
                 self._failed(backend, ticket, str(exc), "before_first_byte")

@@ -52,6 +52,11 @@ class UpstreamAborted(UpstreamError):
         super().__init__(message, before_first_byte=True)
 
 
+class HeadTimeout(UpstreamAborted):
+    """The head deadline passed: the replica may only be slow to begin (a long prompt's
+    preprocessing, a busy API loop), not dead — the probes say that."""
+
+
 Abort = Callable[[str], None]
 
 
@@ -245,16 +250,23 @@ class Connection(asyncio.Protocol):
         """Fail the exchange waiting for its head and close the connection (the replica
         sees the client go); no-op once the head came. Before ``begin`` (connecting), the
         exchange fails at once (a silent host never completes the connect) or as it begins."""
+        self._abort(UpstreamAborted(reason))
+
+    def time_out(self, reason: str) -> None:
+        """``abort`` for the head deadline: the exchange fails with ``HeadTimeout``."""
+        self._abort(HeadTimeout(reason))
+
+    def _abort(self, error: UpstreamAborted) -> None:
         if self._listener is not None:
             if not self._head_came:
-                self._fail(UpstreamAborted(reason))
+                self._fail(error)
                 self.close()
         elif self._head is None:
-            self._aborted = reason
+            self._aborted = str(error)
             if self._connecting is not None:
                 self._connecting.cancel()
         elif not self._head.done():
-            self._fail(UpstreamAborted(reason))
+            self._fail(error)
             self.close()
 
     def cut(self, reason: str) -> None:
@@ -515,7 +527,7 @@ class UpstreamPool:
         timer = None
         if head_timeout is not None:
             timer = asyncio.get_running_loop().call_later(
-                head_timeout, conn.abort, f"no response within {head_timeout}s"
+                head_timeout, conn.time_out, f"no response within {head_timeout}s"
             )
         try:
             await head

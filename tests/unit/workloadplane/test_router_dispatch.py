@@ -337,6 +337,41 @@ async def test_a_shadow_copy_that_hangs_is_ended_at_its_deadline_and_counted_an_
         router.close()
 
 
+async def test_a_stream_head_past_its_deadline_is_retried_elsewhere_without_ejecting():
+    """vLLM sends a stream's head after the prompt's preprocessing: a 2 s deadline that
+    ejected the replica took healthy ones out one by one on long prompts. Past the deadline
+    the request moves on; whether the replica is dead is the probes' to say."""
+
+    async def slow_head(scope, receive, send) -> None:
+        await receive()
+        await asyncio.sleep(1.0)  # the prompt's preprocessing
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    servers, urls = [], []
+    for _ in range(2):
+        server, port = HttpServer(slow_head), free_port()
+        await server.start("127.0.0.1", port)
+        servers.append(server)
+        urls.append(f"http://127.0.0.1:{port}")
+    router, dispatcher, metrics = plane(urls, first_byte_timeout_s=0.2)
+    stream = Forward("/v1/completions", [], b'{"model": "chat", "stream": true}', stream=True)
+    try:
+        with pytest.raises(UpstreamError, match=r"no response within 0\.2s"):
+            await dispatcher.dispatch(
+                router.deployments["chat"], Ticket(tier=1), stream, never_gone
+            )
+        assert retries(metrics, "head_timeout") == router.config.max_attempts
+        assert retries(metrics, "before_first_byte") == 0
+        assert not any(b.health.ejected for b in router.backends.values())
+        assert router.load("chat") == (0, 0)
+    finally:
+        for server in servers:
+            await server.close(grace_s=1)
+        router.close()
+
+
 def stalling_stream_replica(seen: list[str]):
     """A replica that answers a stream's head and first event, then sends nothing more
     (a generation stalled; its /health still answers), until the router hangs up."""
