@@ -65,6 +65,11 @@ class RouterConfig:
     preprocessing (chat template, tokenizing, fetching images), and a 2 s deadline that
     ejected took healthy replicas out one by one on long prompts. A hung replica is the
     probes' to eject (``hung_deadline_s``), which ends its waiting requests at once."""
+    stream_idle_s: float = 120.0
+    """A stream whose replica sends nothing this long (its /health fine: a stalled
+    generation) is ended with an SSE error event (``stream_broken``): it held its slot and
+    its client for good. Above the longest silence a healthy engine has (vLLM sends no
+    keep-alives; a preempted sequence is recomputed in silence)."""
     max_attempts: int = 4
     prefix_min_chars: int = 256
     prefix_chars: int = 1024

@@ -110,6 +110,8 @@ class Dispatcher:
                 continue
             ticket.started = True
             ticket.cut = resp.cut  # a hung replica's probe ends the relay (Router.eject)
+            if request.stream:  # a stalled generation ends too (its /health may be fine)
+                resp.watch_idle(self.config.stream_idle_s)
             return Exchange(self.router, entry, backend, ticket, resp)
         assert last_error is not None
         raise last_error

@@ -128,6 +128,9 @@ class Connection(asyncio.Protocol):
         self._interim = False  # a 1xx head came: its final answer is still to come
         self._extra = False  # bytes came after the answer: the connection is not reused
         self._until_close = False  # the body has no length: it ends when the upstream closes
+        self._idle_s = 0.0  # watch_idle: the body is cut after this long without a byte
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0  # loop time of the last bytes, while the idle watch runs
 
     # --- protocol callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,7 +141,7 @@ class Connection(asyncio.Protocol):
         if not self._done and exc is None and self._head_came and self._until_close:
             self.on_message_complete()  # a body delimited by the close (RFC 9112 6.3, 8)
             return
-        if not self._done:
+        if not self._done and self._error is None:  # a cut's reason stays the reason
             self._fail(
                 UpstreamError(
                     f"connection lost: {exc or 'closed by replica'}",
@@ -147,6 +150,8 @@ class Connection(asyncio.Protocol):
             )
 
     def data_received(self, data: bytes) -> None:
+        if self._idle_timer is not None:  # one clock read per read: the timer is not reset
+            self._last_data = asyncio.get_running_loop().time()
         if self._done:  # bytes nobody asked for (an idle connection, or after the answer):
             self._extra = True  # whatever they are, they are no answer to the next request
             self.close()
@@ -225,6 +230,7 @@ class Connection(asyncio.Protocol):
         # should_keep_alive() is False for every response (each request paid a new connection)
         self._keep_alive = self.parser.should_keep_alive()
         self._done = True
+        self._stop_idle()
         if self._listener is not None:
             listener, self._listener = self._listener, None
             listener.on_end()
@@ -238,6 +244,7 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, exc: UpstreamError) -> None:
         self._error = exc
+        self._stop_idle()
         if self._listener is not None:
             listener, self._listener = self._listener, None
             listener.on_error(exc)
@@ -268,6 +275,36 @@ class Connection(asyncio.Protocol):
         elif not self._head.done():
             self._fail(error)
             self.close()
+
+    def watch_idle(self, seconds: float) -> None:
+        """Cut the body (``cut``) once the upstream sends nothing for ``seconds`` while we
+        read: a replica whose stream stalls (its /health fine) held the request and its
+        client for good. Time the reading is paused by our own back-pressure (a slow
+        client) does not count."""
+        if self._done or self.closed or seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_s, self._last_data = seconds, loop.time()
+        self._idle_timer = loop.call_later(seconds, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self._done or self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._paused:  # we stopped reading, not the upstream sending
+            self._last_data = now
+        left = self._last_data + self._idle_s - now
+        if left > 0:
+            self._idle_timer = loop.call_later(left, self._idle_check)
+            return
+        self.cut(f"the replica sent nothing for {self._idle_s:g}s")
+
+    def _stop_idle(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def cut(self, reason: str) -> None:
         """End a response whose head came but whose body has not: its reader gets
@@ -375,6 +412,7 @@ class Connection(asyncio.Protocol):
         return self._done and self._keep_alive and not self.closed and not self._extra
 
     def close(self) -> None:
+        self._stop_idle()
         if self.transport is not None and not self.closed:
             self.transport.close()
         self.closed = True
@@ -418,6 +456,11 @@ class Response:
             return await asyncio.wait_for(self.read(limit), timeout)
         finally:
             self.release()
+
+    def watch_idle(self, seconds: float) -> None:
+        """The body is cut after ``seconds`` without a byte from the replica
+        (``Connection.watch_idle``)."""
+        self._conn.watch_idle(seconds)
 
     def cut(self, reason: str) -> None:
         """End the body now (the replica stopped sending): ``body()`` raises UpstreamError.

@@ -417,6 +417,36 @@ async def test_a_client_that_leaves_a_stalled_stream_frees_its_slot():
         router.close()
 
 
+async def test_a_stream_whose_replica_stalls_ends_with_an_error_event_at_its_idle_deadline():
+    """A replica whose generation stalls (its /health fine) held the stream, its slot and
+    its client for good while the client stayed."""
+    seen: list[str] = []
+    replica, front = HttpServer(stalling_stream_replica(seen)), None
+    port = free_port()
+    await replica.start("127.0.0.1", port)
+    router, dispatcher, metrics = plane([f"http://127.0.0.1:{port}"], stream_idle_s=0.3)
+    try:
+        front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
+        await front.start("127.0.0.1", front_port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", front_port)
+        body = b'{"model": "chat", "prompt": "hi", "stream": true}'
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        async with asyncio.timeout(5):
+            answer = b""
+            while b"stream_broken" not in answer:
+                answer += await reader.read(65536)
+        assert b"sent nothing for 0.3s" in answer and b"[DONE]" not in answer
+        writer.close()
+        await until(lambda: router.load("chat") == (0, 0), "the slot freed")
+        await until(lambda: seen == ["request", "http.disconnect"], "the replica told")
+    finally:
+        if front is not None:
+            await front.close(grace_s=1)
+        await replica.close(grace_s=1)
+        router.close()
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 50.0

@@ -323,6 +323,23 @@ async def test_a_slow_reader_holds_at_most_the_high_water_of_a_long_body():
         pool.close()
 
 
+async def test_the_idle_deadline_counts_the_replica_silent_not_our_own_pause():
+    """A stream's idle deadline cuts a replica that stops sending; a reader that takes a
+    long body slowly (the connection stopped reading: back-pressure) is not that."""
+    body = bytes(range(256)) * (16 * 1024)  # 4 MiB, over the high water
+    async with raw_upstream(body) as (port, _):
+        pool = UpstreamPool("127.0.0.1", port)
+        resp = await pool.request("GET", "/big")
+        resp.watch_idle(0.2)
+        await asyncio.sleep(0.5)  # the reader is slow: reading is paused meanwhile
+        got = bytearray()
+        async for chunk in resp.body():
+            got += chunk
+        assert got == body
+        resp.release()
+        pool.close()
+
+
 async def test_read_of_an_answer_over_its_limit_fails_and_drops_the_connection():
     from workloadplane.router.upstream import UpstreamError
 
