@@ -8,7 +8,13 @@ import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
 from controlplane.bus import streams
-from controlplane.contracts import REPORTS_STREAM, REPORTS_SUBJECTS, fact_subject, observed_subject
+from controlplane.contracts import (
+    FACT_TYPE_NAMES,
+    REPORTS_STREAM,
+    REPORTS_SUBJECTS,
+    fact_subject,
+    observed_subject,
+)
 from tests.integration.bus.conftest import SETUP_S, Bus
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -26,14 +32,15 @@ async def test_a_flooding_plane_fills_only_the_streams_bound(bus: Bus, monkeypat
     plane = await bus.connect(bus.clusters["a"], bus.errors)
     try:
         pjs = plane.jetstream(timeout=2.0)
-        for i in range(300):  # ~300 KiB, each fact on a subject of its own
-            await pjs.publish(fact_subject("a", f"junk{i}"), b"x" * 1024)
-        await pjs.publish(fact_subject("a", "last"), b"newest")
+        kinds = [observed_subject("a")] + [fact_subject("a", t) for t in FACT_TYPE_NAMES]
+        for i in range(300):  # ~300 KiB over every subject the plane may publish on
+            await pjs.publish(kinds[i % len(kinds)], b"x" * 1024)
+        await pjs.publish(fact_subject("a", "replica_started"), b"newest")
     finally:
         await plane.close()
     info = await bus.js.stream_info(REPORTS_STREAM)
     assert info.state.bytes <= 64 * 1024
-    newest = await bus.js.get_last_msg(REPORTS_STREAM, fact_subject("a", "last"))
+    newest = await bus.js.get_last_msg(REPORTS_STREAM, fact_subject("a", "replica_started"))
     assert newest.data == b"newest"  # the oldest went, not what came last
 
 
