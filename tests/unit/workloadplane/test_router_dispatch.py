@@ -388,6 +388,15 @@ def stalling_stream_replica(seen: list[str]):
     return app
 
 
+async def ask_for_a_stream(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client that asks the router at ``port`` for a streamed completion."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = b'{"model": "chat", "prompt": "hi", "stream": true}'
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+    return reader, writer
+
+
 async def test_a_client_that_leaves_a_stalled_stream_frees_its_slot():
     """After a stream's head the client's departure was looked at only when a chunk came: a
     replica that stalled (its /health fine) kept the request in flight for good, its slot
@@ -400,10 +409,7 @@ async def test_a_client_that_leaves_a_stalled_stream_frees_its_slot():
     try:
         front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
         await front.start("127.0.0.1", front_port)
-        reader, writer = await asyncio.open_connection("127.0.0.1", front_port)
-        body = b'{"model": "chat", "prompt": "hi", "stream": true}'
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
-                     b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        reader, writer = await ask_for_a_stream(front_port)
         await asyncio.wait_for(reader.readuntil(b"data: "), 5)  # the first event came
         assert router.load("chat") == (1, 0)
         writer.close()  # the client leaves; the replica sends nothing more
@@ -428,10 +434,7 @@ async def test_a_stream_whose_replica_stalls_ends_with_an_error_event_at_its_idl
     try:
         front, front_port = HttpServer(RouterApp(router, dispatcher, metrics)), free_port()
         await front.start("127.0.0.1", front_port)
-        reader, writer = await asyncio.open_connection("127.0.0.1", front_port)
-        body = b'{"model": "chat", "prompt": "hi", "stream": true}'
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: "
-                     b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))  # fmt: skip
+        reader, writer = await ask_for_a_stream(front_port)
         async with asyncio.timeout(5):
             answer = b""
             while b"stream_broken" not in answer:
